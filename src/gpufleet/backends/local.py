@@ -1,0 +1,183 @@
+"""This host as a one-node pool: NVIDIA GPUs through NVML, plus CPU worker slots for gloo.
+
+CPU slots let the same code path run without a GPU: each slot is one worker process. Their number
+is `cpu_slots`, else $GPUFLEET_CPU_SLOTS, else the number of cores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal as signals
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+from gpufleet import catalog
+from gpufleet.errors import SpecError
+from gpufleet.pool.model import Device, Node
+
+NODE_ID = "local"
+ADDRESS = "127.0.0.1"
+
+
+def cpu_slot_count(cpu_slots: int | None = None) -> int:
+    if cpu_slots is not None:
+        value: int | str = cpu_slots
+    else:
+        value = os.environ.get("GPUFLEET_CPU_SLOTS", "") or (os.cpu_count() or 1)
+    try:
+        n = int(value)
+    except ValueError:
+        raise SpecError([("GPUFLEET_CPU_SLOTS", f"'{value}' is not a whole number")]) from None
+    if not 1 <= n <= 128:
+        raise SpecError([("cpu_slots", f"got {n}; must be 1 to 128")])
+    return n
+
+
+def nvml_devices() -> tuple[list[Device], str]:
+    """GPUs NVML sees, with catalog type, memory and NVLink peers; ([], 'pcie') without NVML.
+
+    The fabric is nvswitch when any NVLink ends at a switch, nvlink when GPUs link directly.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return [], "pcie"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return [], "pcie"
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        bus_to_index = {
+            _bus_id(pynvml.nvmlDeviceGetPciInfo(h).busId): i for i, h in enumerate(handles)
+        }
+        devices: list[Device] = []
+        fabric = "pcie"
+        for i, h in enumerate(handles):
+            name = pynvml.nvmlDeviceGetName(h)
+            name = name.decode() if isinstance(name, bytes) else name
+            gpu = catalog.gpu_from_nvml_name(name)
+            peers: set[int] = set()
+            for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+                try:
+                    if pynvml.nvmlDeviceGetNvLinkState(h, link) != pynvml.NVML_FEATURE_ENABLED:
+                        continue
+                    remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link)
+                    kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link)
+                except pynvml.NVMLError:
+                    continue
+                if kind == getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2):
+                    fabric = "nvswitch"
+                peer = bus_to_index.get(_bus_id(remote.busId))
+                if peer is not None and peer != i:
+                    peers.add(peer)
+            if fabric == "nvswitch":
+                peers = set(range(count)) - {i}
+            elif peers:
+                fabric = "nvlink"
+            devices.append(Device(
+                id=f"gpu{i}", index=i, gpu=gpu.name if gpu else f"unknown:{name}",
+                memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                nvlink_peers=tuple(sorted(peers)), healthy=gpu is not None,
+            ))
+        return devices, fabric
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _bus_id(raw: bytes | str) -> str:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    return text.lower().lstrip("0")
+
+
+@dataclass
+class Handle:
+    """A started process tree: torchrun and, below it, the workers in their own sessions."""
+
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def stdout(self) -> IO[bytes] | None:
+        return self.proc.stdout
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, cpu_slots: int | None = None, state_dir: Path | None = None):
+        self.cpu_slots = cpu_slot_count(cpu_slots)
+        self.state_dir = state_dir
+
+    def discover(self) -> list[Node]:
+        gpus, fabric = nvml_devices()
+        host_mem = psutil.virtual_memory().total
+        cpus = [
+            Device(id=f"cpu{i}", index=i, gpu="cpu", memory_bytes=host_mem // self.cpu_slots)
+            for i in range(self.cpu_slots)
+        ]
+        disk_path = self.state_dir or Path.home()
+        return [Node(
+            id=NODE_ID, address=ADDRESS, devices=tuple(gpus + cpus), gpu_fabric=fabric,
+            inter_fabric=None, free_disk_bytes=shutil.disk_usage(disk_path).free,
+        )]
+
+    def start(self, argv: list[str], env: dict[str, str], cwd: Path,
+              pass_fds: tuple[int, ...] = ()) -> Handle:
+        """Start `argv` (never through a shell) in a new session, merging stderr into stdout."""
+        proc = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds,
+        )
+        return Handle(proc)
+
+    def poll(self, handle: Handle) -> int | None:
+        return handle.proc.poll()
+
+    def signal(self, handle: Handle, sig: int) -> None:
+        """Signal the whole tree: torchrun starts each worker in a session of its own, so a
+        process-group signal would miss them; we walk the descendants instead."""
+        for proc in _tree(handle.pid):
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+
+    def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None:
+        """SIGTERM the tree, then SIGKILL whatever is still alive after `grace_s` seconds."""
+        procs = _tree(handle.pid)
+        for p in procs:
+            try:
+                p.send_signal(signals.SIGTERM)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
+        # a worker started while we waited (torchrun restarting) is caught here too
+        alive = list({p.pid: p for p in alive + _tree(handle.pid)}.values())
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        try:
+            handle.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _tree(pid: int) -> list[Any]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []

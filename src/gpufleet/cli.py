@@ -1,0 +1,545 @@
+"""The `gpufleet` command: one thin verb per task, all input through `spec`, all state in `store`.
+
+Errors a user can cause are `GpufleetError`s: printed as one line, exit code 2. torch is never
+imported here; only the training processes import it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy import select
+
+from gpufleet import catalog, clusters
+from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
+from gpufleet.plan import cost
+from gpufleet.spec import ClusterSpec, JobSpec, load_yaml
+from gpufleet.store import Cluster, Job, Store
+
+app = typer.Typer(
+    help="Carve GPU clusters out of this machine's pool and run distributed training on them.",
+    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+)
+# Piped output (scripts, `| grep`) gets wide lines instead of rich's 80-column default.
+out = Console(width=None if Console().is_terminal else 160)
+err = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
+
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+CpuSlots = Annotated[int | None, typer.Option(
+    "--cpu-slots", help="CPU worker slots this host offers [default: $GPUFLEET_CPU_SLOTS or cores]")]
+
+
+def _backend(cpu_slots: int | None = None) -> Any:
+    from gpufleet.backends.local import LocalBackend
+    from gpufleet.store import gpufleet_home
+
+    return LocalBackend(cpu_slots, state_dir=gpufleet_home())
+
+
+def _store() -> Store:
+    from gpufleet.supervise import jobs
+
+    store = Store()
+    jobs.reconcile(store)
+    return store
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _confirm(question: str, yes: bool) -> None:
+    if yes or not sys.stdin.isatty():
+        return
+    if not typer.confirm(question, default=True):
+        raise typer.Exit(1)
+
+
+# -- prices --------------------------------------------------------------------------------------
+def _prices(gpu: str | None, as_json: bool) -> None:
+    wanted = catalog.resolve_gpu(gpu).name if gpu else None
+    rows = []
+    for g in catalog.gpu_types().values():
+        if wanted and g.name != wanted:
+            continue
+        per_book = {b: catalog.price_of(b, g.name) for b in catalog.price_books()}
+        rows.append((g, per_book))
+    if as_json:
+        _print_json([{
+            "gpu": g.name, "memory_gb": g.memory_gb, "bf16": g.bf16,
+            "bf16_tflops": g.bf16_tflops, "fp32_tflops": g.fp32_tflops,
+            "mem_bw_gbps": g.mem_bw_gbps,
+            "usd_per_gpu_hour": {b: p.usd_per_gpu_hour if p else None for b, p in books.items()},
+        } for g, books in rows])
+        return
+    t = Table(title="GPU types and prices ($ per GPU-hour)", title_justify="left")
+    for col in ("GPU", "memory", "BF16", "BF16 TFLOPS", "FP32 TFLOPS", "mem GB/s",
+                *catalog.price_books()):
+        t.add_column(col, justify="left" if col in ("GPU", "BF16") else "right",
+                     min_width=len(col) if col in catalog.price_books() or col == "GPU" else None,
+                     no_wrap=col == "GPU")
+    for g, books in rows:
+        t.add_row(g.name, f"{g.memory_gb:g} GB" if g.memory_gb else "host",
+                  "yes" if g.bf16 else "no", f"{g.bf16_tflops:g}" if g.bf16_tflops else "-",
+                  f"{g.fp32_tflops:g}" if g.fp32_tflops else "-",
+                  f"{g.mem_bw_gbps:g}" if g.mem_bw_gbps else "-",
+                  *(f"{p.usd_per_gpu_hour:.4g}" if p else "-" for p in books.values()))
+    premiums = [p for p in catalog.prices() if p.kind == "interconnect"]
+    t.caption = "Network premiums per GPU-hour: " + ", ".join(
+        f"{p.item} +${p.usd_per_gpu_hour:.2f} ({p.book})" for p in premiums
+    ) + ". Sources: gpufleet/catalog/data/*.csv"
+    out.print(t)
+
+
+@app.command()
+def prices(
+    gpu: Annotated[str | None, typer.Option("--gpu", help="Only this GPU type.")] = None,
+    as_json: Json = False,
+) -> None:
+    """GPU types, their specs and $/GPU-hour under each price book."""
+    _prices(gpu, as_json)
+
+
+@app.command("show-gpus", hidden=False)
+def show_gpus(
+    gpu: Annotated[str | None, typer.Option("--gpu", help="Only this GPU type.")] = None,
+    as_json: Json = False,
+) -> None:
+    """Alias of `prices`."""
+    _prices(gpu, as_json)
+
+
+# -- clusters ------------------------------------------------------------------------------------
+def _cluster_spec(data: dict[str, Any]) -> ClusterSpec:
+    return ClusterSpec.parse(data)
+
+
+def _launch(spec: ClusterSpec, yes: bool, cpu_slots: int | None, for_job: str | None = None,
+            quiet: bool = False) -> Cluster:
+    from gpufleet import ui
+
+    q = clusters.quote_for(spec)
+    if not quiet:
+        err.print(ui.quote_table(spec.gpu, spec.count, spec.fabric, q.rates, q.book))
+    _confirm(f"Launch {spec.count} x {spec.gpu} at {ui.usd(q.usd_per_hour)}/hour?", yes)
+    backend = _backend(cpu_slots)
+    return clusters.launch(_store(), spec, backend.discover(), for_job=for_job)
+
+
+@app.command()
+def launch(
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU type, e.g. H100, A100, RTX4090, cpu.")],
+    count: Annotated[int, typer.Option("--count", help="Number of GPUs (1-128).")] = 1,
+    network: Annotated[str | None, typer.Option(
+        "--network", help="pcie, nvlink, nvswitch, infiniband or ethernet.")] = None,
+    disk: Annotated[str, typer.Option("--disk", help="Scratch space, e.g. 100GB, 1TB.")] = "1GB",
+    name: Annotated[str | None, typer.Option("--name", help="Cluster name (DNS-like).")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Nodes to spread over.")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="Where nodes come from.")] = "local",
+    price_book: Annotated[str | None, typer.Option(
+        "--price-book", help="Bill under this book [default: cheapest offering the GPU].")] = None,
+    file: Annotated[Path | None, typer.Option("-f", "--file", help="Cluster YAML.")] = None,
+    cpu_slots: CpuSlots = None,
+    yes: Yes = False,
+    as_json: Json = False,
+) -> None:
+    """Carve a homogeneous cluster out of the pool: shows a quote, then reserves devices."""
+    data: dict[str, Any] = load_yaml(file) if file else {}
+    flags = {"gpu": gpu, "count": count, "network": network, "disk": disk, "name": name,
+             "nodes": nodes, "backend": backend, "price_book": price_book}
+    spec = _cluster_spec({**data, **{k: v for k, v in flags.items() if v is not None}})
+    cluster = _launch(spec, yes, cpu_slots, quiet=as_json)
+    if as_json:
+        _print_json(_cluster_dict(_store(), cluster, time.time()))
+        return
+    ids = clusters.device_ids(_store(), cluster.id)
+    out.print(f"Cluster [bold]{cluster.name}[/]: {cluster.count} x {cluster.gpu} "
+              f"({', '.join(ids)}) over {cluster.network}. "
+              f"Run a job: gpufleet run --cluster {cluster.name} SCRIPT")
+
+
+def _cluster_dict(store: Store, c: Cluster, now: float) -> dict[str, Any]:
+    with store.session() as s:
+        job = s.scalar(select(Job).where(Job.cluster_id == c.id).order_by(Job.id.desc()))
+    return {
+        "name": c.name, "gpu": c.gpu, "count": c.count, "nodes": c.nodes,
+        "devices": clusters.device_ids(store, c.id), "topology": c.network,
+        "health": "ok" if c.status in clusters.ACTIVE else "-", "status": c.status,
+        "price_book": c.price_book, "usd_per_hour": c.usd_per_hour,
+        "age_s": now - c.created_at,
+        "cost_usd": cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, now),
+        "job": job.name if job else None, "job_status": job.status if job else None,
+    }
+
+
+@app.command("list")
+def list_(
+    all_: Annotated[bool, typer.Option("--all", "-a", help="Include stopped clusters.")] = False,
+    as_json: Json = False,
+) -> None:
+    """Clusters with their devices, topology, health, status, $/hour, age and cost so far."""
+    from gpufleet import ui
+
+    store = _store()
+    now = time.time()
+    q = select(Cluster).order_by(Cluster.id)
+    if not all_:
+        q = q.where(Cluster.status.in_(clusters.ACTIVE))
+    with store.session() as s:
+        found = list(s.scalars(q).all())
+    rows = [_cluster_dict(store, c, now) for c in found]
+    if as_json:
+        _print_json(rows)
+        return
+    t = Table(title="Clusters", title_justify="left")
+    for col in ("NAME", "GPU", "COUNT", "DEVICES", "TOPOLOGY", "HEALTH", "STATUS", "$/HOUR",
+                "AGE", "COST", "JOB"):
+        t.add_column(col, justify="right" if col in ("COUNT", "$/HOUR", "COST", "AGE") else "left",
+                     no_wrap=col not in ("DEVICES", "JOB"))
+    for r in rows:
+        job = f"{r['job']} ({r['job_status']})" if r["job"] else "-"
+        t.add_row(r["name"], r["gpu"], str(r["count"]), ",".join(r["devices"]) or "-",
+                  r["topology"], r["health"], r["status"], ui.usd(r["usd_per_hour"]),
+                  ui.duration(r["age_s"]), ui.usd(r["cost_usd"]), job)
+    if not rows:
+        t.caption = "No clusters. Create one: gpufleet launch --gpu cpu --count 2"
+    out.print(t)
+
+
+def _cluster_env(store: Store, cluster: Cluster) -> dict[str, str]:
+    from gpufleet.launch.env import device_env
+
+    placement = clusters.placements(store, cluster)[0]
+    env = dict(os.environ)
+    env.update(device_env(placement, cluster.network, os.cpu_count() or 1))
+    env["GPUFLEET_CLUSTER"] = cluster.name
+    return env
+
+
+def _run_in_cluster(name: str, command: list[str], cwd: Path | None) -> int:
+    store = _store()
+    cluster = clusters.get(store, name)
+    if cluster.status not in clusters.ACTIVE:
+        raise ConflictError(f"cluster: '{name}' is {cluster.status}; launch it again to use it")
+    env = _cluster_env(store, cluster)
+    argv = command or [os.environ.get("SHELL") or "/bin/bash"]
+    try:
+        return subprocess.call(argv, env=env, cwd=cwd or Path(cluster.scratch_dir))
+    except FileNotFoundError:
+        raise SpecError([("command", f"not found: {argv[0]}")]) from None
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def ssh(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Cluster name (its head node).")],
+) -> None:
+    """A shell on the cluster's head node with its devices and environment (`-- CMD`: one command)."""
+    raise typer.Exit(_run_in_cluster(name, list(ctx.args), None))
+
+
+@app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def exec_(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Cluster name.")],
+) -> None:
+    """Run `-- CMD` in the current folder with the cluster's devices and environment."""
+    if not ctx.args:
+        raise SpecError([("command", "give the command after '--', e.g. gpufleet exec NAME -- "
+                          "nvidia-smi")])
+    raise typer.Exit(_run_in_cluster(name, list(ctx.args), Path.cwd()))
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def run(
+    ctx: typer.Context,
+    script: Annotated[str | None, typer.Argument(help="Training script; its arguments go after --.")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", "-c", help="Existing cluster.")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="Make a cluster of this GPU type.")] = None,
+    count: Annotated[int | None, typer.Option("--count", help="GPUs for the new cluster.")] = None,
+    network: Annotated[str | None, typer.Option("--network", help="Fabric for the new cluster.")] = None,
+    disk: Annotated[str | None, typer.Option("--disk", help="Scratch for the new cluster.")] = None,
+    price_book: Annotated[str | None, typer.Option("--price-book", help="Bill under this book.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Job name.")] = None,
+    file: Annotated[Path | None, typer.Option("-f", "--file", help="Job YAML.")] = None,
+    workers_per_node: Annotated[int | None, typer.Option(
+        "--workers-per-node", help="Processes per node [default: one per device].")] = None,
+    strategy: Annotated[str | None, typer.Option("--strategy", help="Parallelism: ddp.")] = None,
+    precision: Annotated[str | None, typer.Option("--precision", help="fp32.")] = None,
+    framework: Annotated[str | None, typer.Option("--framework", help="torchrun.")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for workers.")] = None,
+    max_restarts: Annotated[int | None, typer.Option(
+        "--max-restarts", help="Restarts of the worker group on failure.")] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep a new cluster after the job.")] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return at once.")] = False,
+    cpu_slots: CpuSlots = None,
+    yes: Yes = False,
+) -> None:
+    """Run a torchrun-style script on a cluster (existing, or new from --gpu/--count)."""
+    data: dict[str, Any] = load_yaml(file) if file else {}
+    if script is not None:
+        data["script"] = script
+    if ctx.args:
+        data["args"] = list(ctx.args)
+    env_pairs = dict(data.get("env") or {})
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SpecError([("env", f"'{item}' is not KEY=VALUE")])
+        env_pairs[key] = value
+    flags = {"name": name, "workers_per_node": workers_per_node, "strategy": strategy,
+             "precision": precision, "framework": framework, "max_restarts": max_restarts,
+             "env": env_pairs or None, "keep": keep or None}
+    data.update({k: v for k, v in flags.items() if v is not None})
+    inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
+              "price_book": price_book}
+    if any(v is not None for v in inline.values()):
+        if cluster:
+            raise SpecError([("cluster", "give either --cluster NAME or --gpu/--count for a new "
+                              "cluster, not both")])
+        given = data.get("cluster")
+        base: dict[str, Any] = given if isinstance(given, dict) else {}
+        data["cluster"] = {**base, **{k: v for k, v in inline.items() if v is not None}}
+    elif cluster:
+        data["cluster"] = cluster
+    if "script" not in data:
+        raise SpecError([("script", "give a script to run, e.g. gpufleet run examples/gpt.py "
+                          "--gpu cpu --count 2")])
+    data.setdefault("workdir", str(Path.cwd()))
+    if data.get("cluster") is None:
+        raise SpecError([("cluster", "give --cluster NAME, or --gpu and --count for a new cluster")])
+    spec = JobSpec.parse(data)
+    _run_job(spec, detach, yes, cpu_slots)
+
+
+def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None) -> None:
+    from gpufleet.supervise import jobs
+
+    store = _store()
+    made_here = isinstance(spec.cluster, ClusterSpec)
+    if isinstance(spec.cluster, ClusterSpec):
+        cspec = spec.cluster
+        if cspec.name is None:
+            cspec = cspec.model_copy(update={"name": clusters.new_name("run")})
+        cluster = _launch(cspec, yes, cpu_slots, for_job=jobs.job_name_for(spec))
+        spec = spec.model_copy(update={"name": cluster.for_job})
+    else:
+        assert spec.cluster is not None
+        cluster = clusters.get(store, spec.cluster)
+        if cluster.status not in clusters.ACTIVE:
+            raise ConflictError(f"cluster: '{cluster.name}' is {cluster.status}; launch a new one")
+    world = (spec.workers_per_node or cluster.count // cluster.nodes) * cluster.nodes
+    try:
+        job = jobs.create(store, spec, cluster, world)
+    except GpufleetError:
+        if made_here:
+            clusters.stop(store, cluster.name, reason="job could not be created")
+        raise
+    if detach:
+        _start_detached(job)
+        out.print(f"Job [bold]{job.name}[/] started on {cluster.name} in the background.\n"
+                  f"  follow:  gpufleet logs {job.name} -f\n  status:  gpufleet status {job.name}"
+                  f"\n  stop:    gpufleet stop {job.name}")
+        return
+    final = _foreground(store, job, cluster)
+    raise typer.Exit(0 if final.status == "succeeded" else 1)
+
+
+def _start_detached(job: Job) -> None:
+    log = open(Path(job.job_dir) / "supervisor.log", "ab")  # noqa: SIM115
+    subprocess.Popen(
+        [sys.executable, "-m", "gpufleet.supervise.supervisor", job.name],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    log.close()
+
+
+def _foreground(store: Store, job: Job, cluster: Cluster) -> Job:
+    from gpufleet import ui
+    from gpufleet.supervise.supervisor import Supervisor
+
+    tty = out.is_terminal
+    recent: list[str] = []
+    last_line = [0.0]
+
+    def on_line(rank: int | None, text: str) -> None:
+        label = "agent" if rank is None else f"rank{rank}"
+        if tty:
+            recent.append(f"[{label}] {text}")
+            del recent[:-50]
+        elif rank in (0, None):  # rank 0 and the agent speak for the job; all ranks are in logs
+            out.print(f"[{label}] {text}", markup=False, highlight=False, soft_wrap=True)
+
+    if tty:
+        with Live(console=out, refresh_per_second=4, transient=True) as live:
+            sup = Supervisor(store, job, cluster, _backend(),
+                             on_tick=lambda v: live.update(ui.job_panel(v, recent)),
+                             on_line=on_line)
+            final = sup.run()
+    else:
+        def on_tick(v: Any) -> None:
+            if time.time() - last_line[0] >= 10:
+                last_line[0] = time.time()
+                out.print(ui.progress_line(v), markup=False, highlight=False)
+
+        sup = Supervisor(store, job, cluster, _backend(), on_tick=on_tick, on_line=on_line)
+        final = sup.run()
+    view = sup.view()
+    out.print(ui.summary_table(view))
+    out.print(f"Logs: gpufleet logs {final.name}   (per rank: {final.job_dir}/logs)")
+    return final
+
+
+@app.command()
+def logs(
+    job: Annotated[str, typer.Argument(help="Job name.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until it ends.")] = False,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's log.")] = None,
+) -> None:
+    """A job's output, every rank's lines prefixed by their rank, or one rank with --rank."""
+    from gpufleet.supervise import jobs
+
+    store = _store()
+    j = jobs.get(store, job)
+    path = Path(j.job_dir) / ("job.log" if rank is None else f"logs/rank{rank}.log")
+    if rank is not None and not path.exists() and j.status not in ("starting", "running"):
+        raise NotFoundError(f"rank: job {job} has no log for rank {rank} "
+                            f"(ranks 0..{j.world_size - 1})")
+    pos = 0
+    while True:
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+                pos += len(chunk)
+            sys.stdout.write(chunk.decode("utf-8", "replace"))
+            sys.stdout.flush()
+        if not follow:
+            return
+        if jobs.get(store, job).status not in ("starting", "running"):
+            if path.exists() and path.stat().st_size > pos:
+                continue
+            return
+        time.sleep(0.5)
+
+
+@app.command()
+def status(
+    job: Annotated[str, typer.Argument(help="Job name.")],
+    as_json: Json = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Update live until it ends.")] = False,
+) -> None:
+    """A job's progress: step, samples/s, loss, cost so far, ETA, events."""
+    from gpufleet import ui
+    from gpufleet.supervise import jobs
+    from gpufleet.supervise.view import job_view
+
+    store = _store()
+
+    def current() -> Any:
+        j = jobs.get(store, job)
+        with store.session() as s:
+            c = s.get(Cluster, j.cluster_id)
+        assert c is not None
+        return j, job_view(j, c, time.time())
+
+    j, view = current()
+    if as_json:
+        data = view.as_dict()
+        data["events"] = [{"time": e.time, "kind": e.kind, "reason": e.reason}
+                          for e in jobs.events(store, j.id)]
+        _print_json(data)
+        return
+    if watch and view.status in ("starting", "running"):
+        with Live(ui.job_panel(view), console=out, refresh_per_second=2) as live:
+            while view.status in ("starting", "running"):
+                time.sleep(0.5)
+                j, view = current()
+                live.update(ui.job_panel(view))
+    out.print(ui.summary_table(view) if view.status not in ("starting", "running")
+              else ui.job_panel(view))
+    t = Table(title="Events", title_justify="left")
+    for col in ("time", "event", "reason"):
+        t.add_column(col)
+    for e in jobs.events(store, j.id):
+        t.add_row(time.strftime("%H:%M:%S", time.localtime(e.time)), e.kind, e.reason)
+    out.print(t)
+
+
+def _stop_job(store: Store, j: Job, timeout_s: float = 30.0) -> None:
+    from gpufleet.supervise import jobs
+
+    if j.status not in jobs.ACTIVE:
+        return
+    if j.supervisor_pid is None or not jobs.supervisor_alive(j):
+        jobs.transition(store, j.id, "stopped", "stopped by user (no supervisor was running)")
+        return
+    os.kill(j.supervisor_pid, signal.SIGTERM)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if jobs.get(store, j.name).status not in jobs.ACTIVE:
+            return
+        time.sleep(0.2)
+    raise ConflictError(f"job {j.name}: the supervisor (pid {j.supervisor_pid}) did not stop "
+                        f"within {timeout_s:.0f}s; it may still be ending its workers")
+
+
+@app.command()
+def stop(
+    name: Annotated[str | None, typer.Argument(help="Cluster or job name.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Stop every running cluster.")] = False,
+) -> None:
+    """Stop a job (its workers end) or a cluster (its job ends, its devices are freed)."""
+    from gpufleet.supervise import jobs
+
+    if not name and not all_:
+        raise SpecError([("name", "give a cluster or job name, or --all")])
+    store = _store()
+    with store.session() as s:
+        if all_:
+            targets = list(s.scalars(select(Cluster).where(Cluster.status.in_(clusters.ACTIVE))))
+            job_row = None
+        else:
+            targets = list(s.scalars(select(Cluster).where(Cluster.name == name)))
+            job_row = s.scalar(select(Job).where(Job.name == name)) if not targets else None
+    if job_row is not None:
+        _stop_job(store, job_row)
+        out.print(f"Job {job_row.name}: {jobs.get(store, job_row.name).status}")
+        return
+    if not targets and not all_:
+        raise NotFoundError(f"name: no cluster or job named '{name}'")
+    for c in targets:
+        running = clusters.running_job(store, c.id)
+        if running is not None:
+            _stop_job(store, running)
+        c = clusters.stop(store, c.name)
+        out.print(f"Cluster {c.name}: {c.status}, devices freed, cost "
+                  f"${cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, time.time()):.4f}")
+    if all_ and not targets:
+        out.print("No running clusters.")
+
+
+def main() -> None:
+    try:
+        app()
+    except GpufleetError as e:
+        err.print(Text.assemble(("error: ", "bold red"), str(e)), highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Cluster lifecycle on the store: reserve devices, hand out scratch space, release.
+
+A local cluster is a reservation, not a process: its devices are held in the store until it is
+stopped, and jobs run on it as supervised process trees.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+
+from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
+from gpufleet.plan import cost
+from gpufleet.pool.allocate import allocate
+from gpufleet.pool.model import Device, Node, Placement
+from gpufleet.spec import ClusterSpec
+from gpufleet.store import Cluster, Job, Reservation, Store, gpufleet_home
+
+ACTIVE = ("pending", "running")
+
+
+@dataclass(frozen=True)
+class Quote:
+    rates: list[cost.Rate]
+    book: str | None  # the book this cluster will be billed under
+    usd_per_hour: float
+
+
+def quote_for(spec: ClusterSpec) -> Quote:
+    rates = cost.quote(spec.gpu, spec.count, spec.fabric)
+    book = spec.price_book or cost.default_book(spec.gpu, spec.count, spec.fabric)
+    if spec.price_book and not any(r.book == spec.price_book for r in rates):
+        offered = ", ".join(r.book for r in rates) or "none"
+        raise SpecError([("price_book", f"'{spec.price_book}' has no price for {spec.gpu}; "
+                          f"books that do: {offered}")])
+    chosen = next((r for r in rates if r.book == book), None)
+    return Quote(rates, book, chosen.usd_per_hour if chosen else 0.0)
+
+
+def new_name(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(2)}"
+
+
+def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | None = None) -> Cluster:
+    """Allocate devices and record the cluster, all in one serialized write transaction."""
+    name = spec.name or new_name("cluster")
+    q = quote_for(spec)
+    scratch = gpufleet_home() / "clusters" / name
+    free_disk = min((n.free_disk_bytes for n in nodes), default=0)
+    if spec.disk_bytes > free_disk:
+        raise AllocationError(
+            f"disk: the cluster asks for {spec.disk} of scratch space but the node has "
+            f"{free_disk / 1e9:.1f} GB free under {gpufleet_home()}"
+        )
+    now = time.time()
+    with store.session() as s:
+        if s.scalar(select(Cluster).where(Cluster.name == name, Cluster.status.in_(ACTIVE))):
+            raise ConflictError(f"name: a cluster named '{name}' already exists; pick another "
+                                "name or stop it first (gpufleet stop " + name + ")")
+        old = s.scalar(select(Cluster).where(Cluster.name == name))
+        if old is not None:  # a stopped cluster's name can be reused; keep its history renamed
+            old.name = f"{old.name}~{old.id}"
+            s.flush()
+        held = {
+            (r.node_id, r.device_id): cname
+            for r, cname in s.execute(
+                select(Reservation, Cluster.name).join(Cluster, Cluster.id == Reservation.cluster_id)
+            ).tuples()
+        }
+        alloc = allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, held)
+        cluster = Cluster(
+            name=name, gpu=spec.gpu, count=spec.count, nodes=spec.node_count,
+            network=spec.fabric, disk_bytes=spec.disk_bytes, backend=spec.backend,
+            price_book=q.book, usd_per_hour=q.usd_per_hour, status="running",
+            created_at=now, started_at=now, scratch_dir=str(scratch),
+            spec_json=spec.model_dump_json(), for_job=for_job,
+        )
+        s.add(cluster)
+        s.flush()
+        for p in alloc.placements:
+            for d in p.devices:
+                s.add(Reservation(cluster_id=cluster.id, node_id=p.node_id, address=p.address,
+                                  device_id=d.id, device_index=d.index))
+    scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return cluster
+
+
+def get(store: Store, name: str) -> Cluster:
+    with store.session() as s:
+        c = s.scalar(select(Cluster).where(Cluster.name == name))
+        if c is None:
+            names = s.scalars(select(Cluster.name).where(Cluster.status.in_(ACTIVE))).all()
+            known = ", ".join(names) or "none"
+            raise NotFoundError(f"cluster: no cluster named '{name}' (running: {known})")
+        return c
+
+
+def placements(store: Store, cluster: Cluster) -> list[Placement]:
+    """The cluster's reserved devices grouped by node, rebuilt from the store alone so a
+    detached supervisor needs no view of the pool."""
+    with store.session() as s:
+        rows = s.scalars(select(Reservation).where(Reservation.cluster_id == cluster.id)
+                         .order_by(Reservation.node_id, Reservation.device_index)).all()
+    out: dict[str, list[Reservation]] = {}
+    for r in rows:
+        out.setdefault(r.node_id, []).append(r)
+    return [
+        Placement(nid, rs[0].address, tuple(
+            Device(id=r.device_id, index=r.device_index, gpu=cluster.gpu, memory_bytes=0)
+            for r in rs))
+        for nid, rs in out.items()
+    ]
+
+
+def device_ids(store: Store, cluster_id: int) -> list[str]:
+    with store.session() as s:
+        return list(s.scalars(select(Reservation.device_id)
+                              .where(Reservation.cluster_id == cluster_id)
+                              .order_by(Reservation.device_index)).all())
+
+
+def stop(store: Store, name: str, reason: str = "stopped by user") -> Cluster:
+    """Free the devices and freeze the cost. Jobs still running on it must be stopped first."""
+    with store.session() as s:
+        c = s.scalar(select(Cluster).where(Cluster.name == name))
+        if c is None:
+            raise NotFoundError(f"cluster: no cluster named '{name}'")
+        if c.status not in ACTIVE:
+            return c
+        for r in s.scalars(select(Reservation).where(Reservation.cluster_id == c.id)).all():
+            s.delete(r)
+        c.status = "stopped"
+        c.stopped_at = time.time()
+    shutil.rmtree(c.scratch_dir, ignore_errors=True)
+    return c
+
+
+def running_job(store: Store, cluster_id: int) -> Job | None:
+    with store.session() as s:
+        return s.scalar(select(Job).where(Job.cluster_id == cluster_id,
+                                          Job.status.in_(("starting", "running"))))
+
+
+def spec_of(cluster: Cluster) -> ClusterSpec:
+    return ClusterSpec.model_validate(json.loads(cluster.spec_json))
+
+
+def scratch_path(cluster: Cluster) -> Path:
+    return Path(cluster.scratch_dir)

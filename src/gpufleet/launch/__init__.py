@@ -1,0 +1,1 @@
+"""Pure builders of per-node commands and environments for each framework launcher."""

@@ -1,0 +1,264 @@
+"""ClusterSpec and JobSpec: the one place input is validated.
+
+CLI flags, YAML files and the Python API all build these models through `ClusterSpec.parse` /
+`JobSpec.parse`, which report every problem of one spec together, each naming its field and the
+allowed values, as a `SpecError` (exit code 2 in the CLI).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpufleet import catalog
+from gpufleet.errors import SpecError
+
+MAX_GPUS_PER_JOB = 128  # seed 000: up to 128 GPUs per job (16 nodes x 8)
+MAX_GPUS_PER_NODE = 8
+NETWORKS = ("pcie", "nvlink", "nvswitch", "infiniband", "ethernet")
+INTER_NODE_NETWORKS = ("infiniband", "ethernet")
+BACKENDS = ("local",)
+STRATEGIES = ("ddp",)
+PRECISIONS = ("fp32",)
+FRAMEWORKS = ("torchrun",)
+DEFAULT_DISK = "1GB"
+
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DISK_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
+_UNIT_POWER = {"": 3, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}  # a bare number means GB
+
+
+def parse_disk(value: str | int | float) -> int:
+    """Bytes for a size such as '1TB' (10^12), '500GiB' (2^30 units) or a bare number of GB."""
+    text = str(value)
+    m = _DISK_RE.match(text)
+    if not m:
+        raise ValueError(f"'{text}' is not a size; use e.g. 100GB, 1TB, 500GiB")
+    number, unit, binary, _ = m.groups()
+    base = 1024 if binary else 1000
+    if not unit and binary:
+        raise ValueError(f"'{text}' is not a size; use e.g. 100GB, 1TB, 500GiB")
+    return int(float(number) * base ** _UNIT_POWER[unit.lower()])
+
+
+def check_name(value: str, what: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError(
+            f"'{value}' is not a valid {what} name: use 1-40 lowercase letters, digits and '-', "
+            "starting with a letter and not ending with '-'"
+        )
+    return value
+
+
+_RANGE_HINTS = {"count": f" (1 to {MAX_GPUS_PER_JOB} GPUs per job)"}
+
+
+def _errors(exc: ValidationError) -> list[tuple[str, str]]:
+    out = []
+    for e in exc.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "spec"
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif e["type"] in ("less_than_equal", "greater_than_equal"):
+            lo_hi = "at most" if e["type"] == "less_than_equal" else "at least"
+            bound = e["ctx"]["le" if e["type"] == "less_than_equal" else "ge"]
+            msg = f"got {e['input']}; must be {lo_hi} {bound}{_RANGE_HINTS.get(field, '')}"
+        elif e["type"] == "literal_error":
+            msg = f"'{e['input']}' is not allowed; allowed: {e['ctx']['expected']}"
+        out.append((field, msg))
+    return out
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClusterSpec(_Spec):
+    """A homogeneous cluster: `count` devices of one GPU type over `nodes` nodes."""
+
+    name: str | None = None
+    gpu: str
+    count: int = Field(1, ge=1, le=MAX_GPUS_PER_JOB)
+    network: Literal["pcie", "nvlink", "nvswitch", "infiniband", "ethernet"] | None = None
+    nodes: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
+    disk: str = DEFAULT_DISK
+    backend: Literal["local"] = "local"
+    price_book: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return None if v is None else check_name(v, "cluster")
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu(cls, v: Any) -> str:
+        parts = v if isinstance(v, list) else re.split(r"[,+]", str(v))
+        try:
+            names = {catalog.resolve_gpu(str(p).strip()).name for p in parts if str(p).strip()}
+        except SpecError as exc:
+            raise ValueError(exc.problems[0][1]) from None
+        if len(names) > 1:
+            raise ValueError(
+                f"mixed GPU types are refused ({', '.join(sorted(names))}): a cluster has one "
+                "GPU type, so the fastest GPUs would wait for the slowest; launch one cluster "
+                "per type"
+            )
+        if not names:
+            raise ValueError("a GPU type is required")
+        return names.pop()
+
+    @field_validator("disk", mode="before")
+    @classmethod
+    def _disk(cls, v: Any) -> str:
+        parse_disk(v)
+        return str(v)
+
+    @field_validator("price_book")
+    @classmethod
+    def _book(cls, v: str | None) -> str | None:
+        if v is not None and v not in catalog.price_books():
+            raise ValueError(f"unknown price book '{v}'; allowed: {', '.join(catalog.price_books())}")
+        return v
+
+    @property
+    def disk_bytes(self) -> int:
+        return parse_disk(self.disk)
+
+    @property
+    def node_count(self) -> int:
+        """Nodes given; else one on the local backend (it has one node), else the fewest that keep
+        every node at 8 GPUs or fewer."""
+        if self.nodes:
+            return self.nodes
+        return 1 if self.backend == "local" else math.ceil(self.count / MAX_GPUS_PER_NODE)
+
+    @property
+    def per_node(self) -> int:
+        return self.count // self.node_count
+
+    @property
+    def fabric(self) -> str:
+        """The network, defaulting to PCIe in one node and Ethernet across nodes."""
+        if self.network:
+            return self.network
+        return "pcie" if self.node_count == 1 else "ethernet"
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> Self:
+        """Validate, then apply the rules that span fields; raise one SpecError with all problems."""
+        data = {k: v for k, v in data.items() if v is not None}
+        try:
+            spec = cls.model_validate(data)
+        except ValidationError as exc:
+            raise SpecError(_errors(exc)) from None
+        problems = spec._cross_field_problems()
+        if problems:
+            raise SpecError(problems)
+        return spec
+
+    def _cross_field_problems(self) -> list[tuple[str, str]]:
+        problems: list[tuple[str, str]] = []
+        nodes = self.node_count
+        if self.count % nodes:
+            problems.append(("nodes", f"{self.count} GPUs cannot be split evenly over {nodes} "
+                             "nodes; a cluster has the same number of GPUs on every node"))
+        elif self.count // nodes > MAX_GPUS_PER_NODE:
+            where = " (the local backend has one node)" if self.backend == "local" else ""
+            problems.append(("count", f"at most {MAX_GPUS_PER_NODE} GPUs per node: {self.count} "
+                             f"GPUs need --nodes {math.ceil(self.count / MAX_GPUS_PER_NODE)} "
+                             f"or more{where}"))
+        if nodes > 1 and self.network == "nvswitch":
+            problems.append(("network", f"nvswitch connects GPUs within one node; {nodes} nodes "
+                             f"need one of: {', '.join(INTER_NODE_NETWORKS)}"))
+        elif nodes > 1 and self.network is not None and self.network not in INTER_NODE_NETWORKS:
+            problems.append(("network", f"{self.network} does not span nodes; {nodes} nodes need "
+                             f"one of: {', '.join(INTER_NODE_NETWORKS)}"))
+        if nodes > 1 and self.backend == "local":
+            problems.append(("nodes", f"the local backend has one node; {nodes} nodes need a "
+                             "multi-node backend (allowed backends here: local)"))
+        return problems
+
+
+class JobSpec(_Spec):
+    """A training script and how to run it on a cluster."""
+
+    script: str
+    args: list[str] = Field(default_factory=list)
+    name: str | None = None
+    cluster: str | ClusterSpec | None = None
+    workers_per_node: int | None = Field(None, ge=1, le=MAX_GPUS_PER_NODE)
+    strategy: Literal["ddp"] = "ddp"
+    precision: Literal["fp32"] = "fp32"
+    framework: Literal["torchrun"] = "torchrun"
+    env: dict[str, str] = Field(default_factory=dict)
+    max_restarts: int = Field(0, ge=0, le=100)
+    keep: bool = False  # keep a cluster made for this job after the job ends
+    workdir: str | None = None  # where the script runs; the submitting shell's folder by default
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return None if v is None else check_name(v, "job")
+
+    @field_validator("cluster", mode="before")
+    @classmethod
+    def _cluster(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return check_name(v, "cluster")
+        if isinstance(v, dict):
+            try:
+                return ClusterSpec.parse(v)
+            except SpecError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not _ENV_RE.match(k)]
+        if bad:
+            raise ValueError(f"invalid variable name(s) {', '.join(bad)}: use letters, digits, '_'")
+        return {k: str(val) for k, val in v.items()}
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("a script path is required")
+        return v
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> Self:
+        data = {k: v for k, v in data.items() if v is not None}
+        try:
+            spec = cls.model_validate(data)
+        except ValidationError as exc:
+            raise SpecError(_errors(exc)) from None
+        problems = []
+        if not Path(spec.script).is_file():
+            problems.append(("script", f"no such file: {spec.script}"))
+        if problems:
+            raise SpecError(problems)
+        return spec
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a job or cluster YAML file into a plain dict for `parse`."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise SpecError([("file", f"no such file: {p}")]) from None
+    except yaml.YAMLError as exc:
+        raise SpecError([("file", f"{p} is not valid YAML: {str(exc).splitlines()[0]}")]) from None
+    if not isinstance(data, dict):
+        raise SpecError([("file", f"{p} must hold a mapping of fields")])
+    return data

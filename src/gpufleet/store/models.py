@@ -1,0 +1,104 @@
+"""SQLAlchemy 2 tables. Times are UNIX seconds (float); money is USD; sizes are bytes."""
+
+from __future__ import annotations
+
+from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Cluster(Base):
+    __tablename__ = "clusters"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    gpu: Mapped[str] = mapped_column(String(32))
+    count: Mapped[int] = mapped_column(Integer)
+    nodes: Mapped[int] = mapped_column(Integer)
+    network: Mapped[str] = mapped_column(String(16))
+    disk_bytes: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(16))
+    price_book: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    usd_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
+    # pending -> running -> stopping -> stopped (or failed)
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    stopped_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    scratch_dir: Mapped[str] = mapped_column(Text)
+    spec_json: Mapped[str] = mapped_column(Text)
+    for_job: Mapped[str | None] = mapped_column(String(64), nullable=True)  # made by `run`
+
+
+class Reservation(Base):
+    """A device held by a cluster. The unique key is what stops two launches sharing a device."""
+
+    __tablename__ = "reservations"
+    __table_args__ = (UniqueConstraint("node_id", "device_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"))
+    node_id: Mapped[str] = mapped_column(String(64))
+    address: Mapped[str] = mapped_column(String(64))
+    device_id: Mapped[str] = mapped_column(String(32))
+    device_index: Mapped[int] = mapped_column(Integer)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"))
+    # starting -> running -> succeeded | failed | stopped | interrupted
+    status: Mapped[str] = mapped_column(String(16))
+    spec_json: Mapped[str] = mapped_column(Text)
+    job_dir: Mapped[str] = mapped_column(Text)
+    world_size: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    supervisor_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    supervisor_started: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # progress as last reported by rank 0
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    total_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    samples: Mapped[int] = mapped_column(Integer, default=0)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    samples_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_step_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_report_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Event(Base):
+    """One lifecycle transition of a job, with when and why."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    time: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class Metric(Base):
+    """One sample in the shared schema: (time, cluster, job, node, rank, name, value)."""
+
+    __tablename__ = "metrics"
+    __table_args__ = (Index("ix_metrics_job_name_time", "job", "name", "time"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    time: Mapped[float] = mapped_column(Float)
+    cluster: Mapped[str] = mapped_column(String(64))
+    job: Mapped[str] = mapped_column(String(64))
+    node: Mapped[str] = mapped_column(String(64))
+    rank: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,1 @@
+"""The job supervisor: starts a job's processes, follows its reports, records its lifecycle."""

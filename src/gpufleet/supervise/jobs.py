@@ -1,0 +1,110 @@
+"""Job records: creation, lifecycle transitions as events, and reconciling dead supervisors."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import psutil
+from sqlalchemy import select
+
+from gpufleet.errors import ConflictError, NotFoundError
+from gpufleet.spec import JobSpec, check_name
+from gpufleet.store import Cluster, Event, Job, Store, gpufleet_home
+
+ACTIVE = ("starting", "running")
+FINAL = ("succeeded", "failed", "stopped", "interrupted")
+
+
+def job_name_for(spec: JobSpec) -> str:
+    if spec.name:
+        return spec.name
+    stem = "".join(c if c.isalnum() else "-" for c in Path(spec.script).stem.lower()).strip("-")
+    stem = (stem or "job")[:24]
+    if not stem[0].isalpha():
+        stem = "job-" + stem
+    return check_name(f"{stem}-{os.urandom(2).hex()}", "job")
+
+
+def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Job:
+    name = job_name_for(spec)
+    job_dir = gpufleet_home() / "jobs" / name
+    with store.session() as s:
+        if s.scalar(select(Job).where(Job.name == name)) is not None:
+            raise ConflictError(f"name: a job named '{name}' already exists; pick another name")
+        busy = s.scalar(select(Job).where(Job.cluster_id == cluster.id, Job.status.in_(ACTIVE)))
+        if busy is not None:
+            raise ConflictError(f"cluster: '{cluster.name}' is busy with job '{busy.name}'; wait "
+                                f"for it, stop it (gpufleet stop {busy.name}) or use another cluster")
+        job = Job(name=name, cluster_id=cluster.id, status="starting",
+                  spec_json=spec.model_dump_json(), job_dir=str(job_dir),
+                  world_size=world_size, created_at=time.time(), samples=0)
+        s.add(job)
+        s.flush()
+        s.add(Event(job_id=job.id, time=job.created_at, kind="starting",
+                    reason=f"{world_size} worker(s) on cluster {cluster.name}"))
+    job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return job
+
+
+def transition(store: Store, job_id: int, status: str, reason: str = "", **fields: object) -> None:
+    now = time.time()
+    with store.session() as s:
+        job = s.get(Job, job_id)
+        if job is None:
+            return
+        job.status = status
+        if status == "running" and job.started_at is None:
+            job.started_at = now
+        if status in FINAL:
+            job.ended_at = now
+            job.reason = reason or job.reason
+        for k, v in fields.items():
+            setattr(job, k, v)
+        s.add(Event(job_id=job_id, time=now, kind=status, reason=reason))
+
+
+def get(store: Store, name: str) -> Job:
+    with store.session() as s:
+        job = s.scalar(select(Job).where(Job.name == name))
+        if job is None:
+            recent = s.scalars(select(Job.name).order_by(Job.id.desc()).limit(5)).all()
+            raise NotFoundError(f"job: no job named '{name}' (recent: {', '.join(recent) or 'none'})")
+        return job
+
+
+def events(store: Store, job_id: int) -> list[Event]:
+    with store.session() as s:
+        return list(s.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)).all())
+
+
+def spec_of(job: Job) -> JobSpec:
+    return JobSpec.model_validate(json.loads(job.spec_json))
+
+
+def supervisor_alive(job: Job) -> bool:
+    """The recorded supervisor process still exists (same pid and same start time)."""
+    if job.supervisor_pid is None:
+        return False
+    try:
+        p = psutil.Process(job.supervisor_pid)
+        return job.supervisor_started is None or abs(p.create_time() - job.supervisor_started) < 1
+    except psutil.Error:
+        return False
+
+
+def reconcile(store: Store) -> None:
+    """Mark jobs whose supervisor died as interrupted and free clusters made only for them."""
+    from gpufleet import clusters
+
+    with store.session() as s:
+        stale = [j for j in s.scalars(select(Job).where(Job.status.in_(ACTIVE))).all()
+                 if j.supervisor_pid is not None and not supervisor_alive(j)]
+    for job in stale:
+        transition(store, job.id, "interrupted", "the supervisor process is gone")
+        with store.session() as s:
+            c = s.get(Cluster, job.cluster_id)
+        if c is not None and c.for_job == job.name and c.status in clusters.ACTIVE:
+            clusters.stop(store, c.name, reason=f"job {job.name} ended")

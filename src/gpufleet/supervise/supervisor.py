@@ -1,0 +1,249 @@
+"""One supervisor per job: start torchrun, follow its output and reports, record the outcome.
+
+It runs inside `gpufleet run` (foreground) or as its own detached process (`--detach`). Either
+way the store is the only thing other commands read, so `status`, `list` and `logs` work the same.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpufleet import clusters
+from gpufleet.backends.local import Handle, LocalBackend
+from gpufleet.launch.torchrun import JobContext, build_torchrun, merge_env
+from gpufleet.store import Cluster, Job, Metric, Store
+from gpufleet.supervise import jobs
+from gpufleet.supervise.logs import LogSink, failed_rank
+from gpufleet.supervise.progress import Report, Throughput
+from gpufleet.supervise.view import JobView, job_view
+
+FLUSH_EVERY_S = 1.0
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    """Orphaned workers (their torchrun died first) re-parent to us, so we can still end them."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Supervisor:
+    def __init__(self, store: Store, job: Job, cluster: Cluster, backend: LocalBackend,
+                 on_tick: Callable[[JobView], None] | None = None,
+                 on_line: Callable[[int | None, str], None] | None = None):
+        self.store, self.job, self.cluster, self.backend = store, job, cluster, backend
+        self.spec = jobs.spec_of(job)
+        self.on_tick, self.on_line = on_tick, on_line
+        self.stop_reason: str | None = None
+        self.throughput = Throughput()
+        self.pending_metrics: list[Metric] = []
+        self.progress_dirty = False
+
+    # -- signals ------------------------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    def _on_sigterm(self, signum: int, _frame: object) -> None:
+        self.request_stop("stopped by user (gpufleet stop)")
+
+    # -- main loop ----------------------------------------------------------------------------
+    def run(self) -> Job:
+        _become_subreaper()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        job_dir = Path(self.job.job_dir)
+        sink = LogSink(job_dir)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)
+        handle: Handle | None = None
+        reader: threading.Thread | None = None
+        me = psutil.Process()
+        try:
+            placement = clusters.placements(self.store, self.cluster)[0]
+            ctx = JobContext(
+                job_name=self.job.name, cluster_name=self.cluster.name, job_dir=job_dir,
+                report_addr=f"127.0.0.1:{sock.getsockname()[1]}", fabric=self.cluster.network,
+                python=sys.executable, host_cpus=os.cpu_count() or 1,
+            )
+            cmd = build_torchrun(self.spec, placement, ctx)
+            env = merge_env(dict(os.environ), cmd.env, self.spec.env)
+            (job_dir / "command.json").write_text(json.dumps({"argv": cmd.argv, "env": cmd.env},
+                                                             indent=1))
+            handle = self.backend.start(cmd.argv, env, Path(self.spec.workdir or "."))
+            jobs.transition(self.store, self.job.id, "running",
+                            f"torchrun pid {handle.pid}: {len(placement.devices)} worker(s)",
+                            supervisor_pid=os.getpid(), supervisor_started=me.create_time())
+            self.job.started_at = time.time()
+            self.job.status = "running"
+            reader = threading.Thread(target=self._read_output, args=(handle, sink), daemon=True)
+            reader.start()
+            code = self._watch(handle, sock)
+        except KeyboardInterrupt:
+            self.request_stop("interrupted by user (Ctrl-C)")
+            code = None
+        finally:
+            if handle is not None and self.backend.poll(handle) is None:
+                self.backend.kill_tree(handle)
+            _end_descendants()
+            if reader is not None:
+                reader.join(timeout=5)
+            self._drain(sock)
+            self._flush()
+            sock.close()
+        self._finish(code if handle is not None else None, sink)
+        sink.close()
+        return jobs.get(self.store, self.job.name)
+
+    def _watch(self, handle: Handle, sock: socket.socket) -> int | None:
+        last_flush = last_tick = 0.0
+        while True:
+            code = self.backend.poll(handle)
+            if code is not None or self.stop_reason is not None:
+                return code
+            ready, _, _ = select.select([sock], [], [], 0.2)
+            if ready:
+                self._drain(sock)
+            now = time.time()
+            if now - last_flush >= FLUSH_EVERY_S:
+                self._flush()
+                last_flush = now
+            if self.on_tick and now - last_tick >= 0.25:
+                self.on_tick(self.view(now))
+                last_tick = now
+
+    def view(self, now: float | None = None) -> JobView:
+        return job_view(self.job, self.cluster, now or time.time())
+
+    def _read_output(self, handle: Handle, sink: LogSink) -> None:
+        assert handle.stdout is not None
+        for raw in iter(handle.stdout.readline, b""):
+            rank, text = sink.write(raw.decode("utf-8", "replace"))
+            if self.on_line:
+                self.on_line(rank, text.rstrip("\n"))
+
+    # -- reports --------------------------------------------------------------------------------
+    def _drain(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                data = sock.recv(65536)
+            except (BlockingIOError, OSError):
+                return
+            try:
+                rec = json.loads(data)
+                self._on_report(rec)
+            except (ValueError, TypeError, KeyError):
+                continue  # a malformed datagram is not worth failing a job over
+
+    def _on_report(self, rec: dict[str, Any]) -> None:
+        r = Report(t=float(rec["t"]), rank=int(rec["rank"]), step=int(rec["step"]),
+                   samples=rec.get("samples"), loss=rec.get("loss"),
+                   total_steps=rec.get("total_steps"))
+        for key, value in rec.items():
+            if key not in ("t", "rank", "step", "total_steps") and isinstance(value, int | float):
+                name = {"samples": "samples", "loss": "loss"}.get(key, key)
+                self.pending_metrics.append(Metric(
+                    time=r.t, cluster=self.cluster.name, job=self.job.name, node="local",
+                    rank=r.rank, name=name, value=float(value)))
+        if r.rank != 0:
+            return
+        j = self.job
+        self.throughput.add(r)
+        if j.first_step_at is None:
+            j.first_step_at = r.t
+        j.step, j.last_report_at = r.step, r.t
+        j.samples = self.throughput.total_samples
+        if r.total_steps is not None:
+            j.total_steps = r.total_steps
+        if r.loss is not None:
+            j.loss = r.loss
+            if j.first_loss is None:
+                j.first_loss = r.loss
+        j.samples_per_s = self.throughput.samples_per_s()
+        self.progress_dirty = True
+
+    def _flush(self) -> None:
+        if not self.progress_dirty and not self.pending_metrics:
+            return
+        j = self.job
+        with self.store.session() as s:
+            row = s.get(Job, j.id)
+            if row is not None:
+                for k in ("step", "total_steps", "samples", "loss", "first_loss", "samples_per_s",
+                          "first_step_at", "last_report_at"):
+                    setattr(row, k, getattr(j, k))
+            s.add_all(self.pending_metrics)
+        self.pending_metrics = []
+        self.progress_dirty = False
+
+    # -- outcome --------------------------------------------------------------------------------
+    def _finish(self, code: int | None, sink: LogSink) -> None:
+        overall = self.throughput.overall_samples_per_s()
+        fields: dict[str, object] = {"exit_code": code}
+        if overall is not None:
+            fields["samples_per_s"] = overall
+        if self.stop_reason is not None and code != 0:
+            status, reason = "stopped", self.stop_reason
+        elif code == 0:
+            status, reason = "succeeded", "all workers exited 0"
+        else:
+            rank, rank_code = failed_rank(sink.tail(None), sink.tails)
+            where = f"rank {rank}" if rank is not None else "a worker"
+            last = sink.tail(rank)[-8:] if rank is not None else sink.tail(None)[-8:]
+            status = "failed"
+            reason = (f"{where} exited with code {rank_code if rank_code is not None else code}; "
+                      "last lines:\n" + "\n".join(last))
+        jobs.transition(self.store, self.job.id, status, reason, **fields)
+        self.job = jobs.get(self.store, self.job.name)
+        if self.cluster.for_job == self.job.name and not self.spec.keep:
+            self.cluster = clusters.stop(self.store, self.cluster.name,
+                                         reason=f"job {self.job.name} ended")
+
+
+def _end_descendants() -> None:
+    """Kill anything still below us (workers re-parented to us as subreaper)."""
+    try:
+        left = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a detached supervisor: `python -m gpufleet.supervise.supervisor JOB`."""
+    from gpufleet.store import Cluster as ClusterRow
+
+    args = argv if argv is not None else sys.argv[1:]
+    store = Store()
+    job = jobs.get(store, args[0])
+    with store.session() as s:
+        cluster = s.get(ClusterRow, job.cluster_id)
+    assert cluster is not None
+    done = Supervisor(store, job, cluster, LocalBackend()).run()
+    return 0 if done.status == "succeeded" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Progress reports from workers to the supervisor, off the training hot path.
+
+Each call sends one small JSON datagram over UDP to $GPUFLEET_REPORT_ADDR with a non-blocking
+socket: the kernel queues it and training goes on. If the supervisor is gone or slow, the datagram
+is dropped and training is not slowed: losing a progress line is better than stalling a step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+_MAX_DATAGRAM = 8192
+
+
+class _Reporter:
+    def __init__(self) -> None:
+        self.addr: tuple[str, int] | None = None
+        self.sock: socket.socket | None = None
+        self.rank = int(os.environ.get("RANK", "0"))
+        raw = os.environ.get("GPUFLEET_REPORT_ADDR", "")
+        host, _, port = raw.rpartition(":")
+        if host and port.isdigit():
+            self.addr = (host, int(port))
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self.sock.setblocking(False)
+
+    def send(self, record: dict[str, Any]) -> None:
+        if self.sock is None or self.addr is None:
+            return
+        data = json.dumps(record, separators=(",", ":")).encode()
+        if len(data) > _MAX_DATAGRAM:
+            return
+        try:
+            self.sock.sendto(data, self.addr)
+        except OSError:
+            pass  # supervisor gone or buffer full: drop, never block training
+
+
+_reporter: _Reporter | None = None
+
+
+def report(step: int, *, loss: float | None = None, samples: int | None = None,
+           total_steps: int | None = None, **metrics: float) -> None:
+    """Tell the supervisor where training is.
+
+    step: the step just finished (1-based). samples: samples the whole job consumed in this step
+    (the global batch); the supervisor reads throughput from rank 0's reports. total_steps: the
+    planned number of steps, for the ETA. Extra keyword metrics are numbers, e.g.
+    `step_time_seconds=0.12`. Without a supervisor (bare torchrun) this does nothing.
+    """
+    global _reporter
+    if _reporter is None:
+        _reporter = _Reporter()
+    if _reporter.sock is None:
+        return
+    record: dict[str, Any] = {"t": time.time(), "rank": _reporter.rank, "step": int(step)}
+    if loss is not None:
+        record["loss"] = float(loss)
+    if samples is not None:
+        record["samples"] = int(samples)
+    if total_steps is not None:
+        record["total_steps"] = int(total_steps)
+    for key, value in metrics.items():
+        record[key] = float(value)
+    _reporter.send(record)
