@@ -35,7 +35,7 @@ from gpufleet import train
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=64, help="per-rank micro-batch")
+    p.add_argument("--batch-size", type=int, default=80, help="per-rank micro-batch")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dim", type=int, default=128)

@@ -55,7 +55,8 @@ _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 
-def failed_rank(agent_lines: list[str], rank_tails: dict[int | None, deque[str]]) -> tuple[int | None, int | None]:
+def failed_rank(agent_lines: list[str],
+                rank_tails: dict[int | None, deque[str]]) -> tuple[int | None, int | None]:
     """(rank, exit code) of the root-cause failure from torchrun's summary, else the first rank
     whose output holds a traceback."""
     rank = code = None
