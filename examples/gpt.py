@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sysconfig
 import time
 from pathlib import Path
@@ -48,6 +49,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-bytes", type=int, default=3_000_000, help="corpus size to read")
     p.add_argument("--val-windows", type=int, default=64, help="held-out windows for val loss")
     p.add_argument("--sample-bytes", type=int, default=100, help="bytes to generate at the end")
+    p.add_argument("--trace", type=Path, default=None,
+                   help="rank 0 writes one JSON line per step (step, end time, samples) here at the end; "
+                   "bench/launch_overhead.py reads it")
     return p.parse_args()
 
 
@@ -187,7 +191,9 @@ def main() -> None:
     warmup = args.warmup if args.warmup is not None else max(1, args.steps // 20)
     # One stream of batch positions per (seed, rank): ranks see different data, reruns the same.
     gen = torch.Generator().manual_seed(args.seed * 100_003 + ctx.rank)
-    use_bf16 = ctx.device.type == "cuda" and torch.cuda.is_bf16_supported()
+    # bf16 autocast only when the job asks for it (gpufleet sets GPUFLEET_PRECISION); fp32 otherwise.
+    use_bf16 = ctx.device.type == "cuda" and os.environ.get("GPUFLEET_PRECISION") == "bf16-mixed"
+    trace: list[str] = []
     global_batch = args.batch_size * ctx.world_size
     if ctx.is_main:
         n_params = sum(p.numel() for p in model.parameters())
@@ -223,6 +229,8 @@ def main() -> None:
             loss_value = loss.item()
         t2 = time.perf_counter()
         window_samples += global_batch
+        if args.trace is not None and ctx.is_main:
+            trace.append(f'{{"step": {step}, "t": {time.time()!r}, "samples": {global_batch}}}')
         train.report(step, loss=loss_value, samples=global_batch, total_steps=args.steps,
                      step_time_seconds=t2 - t0, data_time_seconds=t1 - t0,
                      lr=optim.param_groups[0]["lr"])
@@ -233,6 +241,8 @@ def main() -> None:
         if log_now:
             window_start, window_samples = time.perf_counter(), 0
 
+    if trace:
+        args.trace.write_text("\n".join(trace) + "\n")
     model.eval()
     v = val_loss(model, val_data, args, ctx)
     if ctx.is_main:

@@ -392,7 +392,7 @@ def _foreground(store: Store, job: Job, cluster: Cluster) -> Job:
             final = sup.run()
     else:
         def on_tick(v: Any) -> None:
-            if time.time() - last_line[0] >= 10:
+            if v.step is not None and time.time() - last_line[0] >= 10:
                 last_line[0] = time.time()
                 out.print(ui.progress_line(v), markup=False, highlight=False)
 
