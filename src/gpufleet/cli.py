@@ -476,7 +476,7 @@ def status(
     for col in ("time", "event", "reason"):
         t.add_column(col)
     for e in jobs.events(store, j.id):
-        t.add_row(time.strftime("%H:%M:%S", time.localtime(e.time)), e.kind, e.reason)
+        t.add_row(time.strftime("%H:%M:%S", time.localtime(e.time)), e.kind, Text(e.reason))
     out.print(t)
 
 

@@ -96,7 +96,7 @@ def summary_table(v: JobView) -> Table:
         ("cost", f"{usd(v.cost_usd)} at {usd(v.usd_per_hour)}/hour ({v.price_book or 'unpriced'})"),
     ]
     for k, val in rows:
-        t.add_row(k, val)
+        t.add_row(k, Text(val))  # Text: log lines may hold '[...]', which is not rich markup
     if v.status != "succeeded" and v.reason:
-        t.add_row("reason", v.reason)
+        t.add_row("reason", Text(v.reason))
     return t

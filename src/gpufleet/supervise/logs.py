@@ -51,23 +51,42 @@ class LogSink:
             f.close()
 
 
-_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+# A rank that died because a peer vanished shows one of these; it is a victim, not the cause.
+_KNOCK_ON = re.compile(r"Connection closed by peer|Connection reset|DistBackendError|"
+                       r"DistNetworkError|Broken pipe|NCCL communicator was aborted", re.IGNORECASE)
+
+
+def _exit_codes(agent_lines: list[str]) -> tuple[dict[int, int], int | None]:
+    """Per-rank exit codes from torchrun's failure summary, and its 'root cause' rank."""
+    codes: dict[int, int] = {}
+    root: int | None = None
+    in_root = False
+    rank: int | None = None
+    for line in agent_lines:
+        if "Root Cause" in line:
+            in_root = True
+        if m := _RANK.match(line):
+            rank = int(m.group(1))
+            if in_root and root is None:
+                root = rank
+        elif (m := _EXIT.match(line)) and rank is not None:
+            codes.setdefault(rank, int(m.group(1)))
+    return codes, root
 
 
 def failed_rank(agent_lines: list[str],
                 rank_tails: dict[int | None, deque[str]]) -> tuple[int | None, int | None]:
-    """(rank, exit code) of the root-cause failure from torchrun's summary, else the first rank
-    whose output holds a traceback."""
-    rank = code = None
-    for line in agent_lines:
-        if rank is None and (m := _ROOT_RANK.match(line)):
-            rank = int(m.group(1))
-        if code is None and (m := _EXIT.match(line)):
-            code = int(m.group(1))
-    if rank is None:
-        for r, lines in sorted(rank_tails.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-            if r is not None and any("Traceback" in ln or "Error" in ln for ln in lines):
-                rank = r
-                break
-    return rank, code
+    """(rank, exit code) of the failure that caused the others.
+
+    torchrun's 'root cause' is only the first exit it observed, often a rank that died because
+    its peer did. So: first a rank whose traceback is not a communication knock-on, then
+    torchrun's root cause, then any rank with a traceback.
+    """
+    codes, root = _exit_codes(agent_lines)
+    with_tb = [r for r, lines in sorted(rank_tails.items(), key=lambda kv: kv[0] or 0)
+               if r is not None and any("Traceback" in ln for ln in lines)]
+    primary = [r for r in with_tb if not any(_KNOCK_ON.search(ln) for ln in rank_tails[r])]
+    rank = primary[0] if primary else root if root is not None else with_tb[0] if with_tb else None
+    return rank, codes.get(rank) if rank is not None else None
