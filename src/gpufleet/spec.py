@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from gpufleet import catalog
 from gpufleet.errors import SpecError
@@ -28,27 +28,30 @@ PRECISIONS = ("fp32",)
 FRAMEWORKS = ("torchrun",)
 DEFAULT_DISK = "1GB"
 
-_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DISK_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
-_UNIT_POWER = {"": 3, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}  # a bare number means GB
+_UNIT_POWER = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
 
 def parse_disk(value: str | int | float) -> int:
-    """Bytes for a size such as '1TB' (10^12), '500GiB' (2^30 units) or a bare number of GB."""
+    """Bytes for a size such as '1TB' (10^12), '500GiB' (2^30 units), '100B' (bytes) or a bare
+    number of GB. Zero is refused: a cluster needs some scratch space."""
     text = str(value)
-    m = _DISK_RE.match(text)
-    if not m:
+    m = _DISK_RE.fullmatch(text)
+    if not m or (m.group(3) and not m.group(2)):
         raise ValueError(f"'{text}' is not a size; use e.g. 100GB, 1TB, 500GiB")
-    number, unit, binary, _ = m.groups()
+    number, unit, binary, byte = m.groups()
     base = 1024 if binary else 1000
-    if not unit and binary:
-        raise ValueError(f"'{text}' is not a size; use e.g. 100GB, 1TB, 500GiB")
-    return int(float(number) * base ** _UNIT_POWER[unit.lower()])
+    power = _UNIT_POWER[unit.lower()] if unit else (0 if byte else 3)
+    size = int(float(number) * base**power)
+    if size <= 0:
+        raise ValueError(f"'{text}' is not a size above zero; use e.g. 100GB, 1TB")
+    return size
 
 
 def check_name(value: str, what: str) -> str:
-    if not _NAME_RE.match(value):
+    if not _NAME_RE.fullmatch(value):
         raise ValueError(
             f"'{value}' is not a valid {what} name: use 1-40 lowercase letters, digits and '-', "
             "starting with a letter and not ending with '-'"
@@ -74,6 +77,13 @@ def _errors(exc: ValidationError) -> list[tuple[str, str]]:
             msg = f"'{e['input']}' is not allowed; allowed: {e['ctx']['expected']}"
         out.append((field, msg))
     return out
+
+
+def _scalar_to_str(v: Any) -> Any:
+    """YAML reads `OMP_NUM_THREADS: 4` and `args: [--epochs, 3]` as numbers; they mean strings."""
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v) if isinstance(v, int | float) else v
 
 
 class _Spec(BaseModel):
@@ -158,11 +168,29 @@ class ClusterSpec(_Spec):
         try:
             spec = cls.model_validate(data)
         except ValidationError as exc:
-            raise SpecError(_errors(exc)) from None
+            problems = _errors(exc)
+            raise SpecError(problems + cls._cross_field_despite(data, problems)) from None
         problems = spec._cross_field_problems()
         if problems:
             raise SpecError(problems)
         return spec
+
+    @classmethod
+    def _cross_field_despite(cls, data: dict[str, Any],
+                             problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The cross-field rules too, when the fields they read are valid, so one run of the
+        command shows every problem. Invalid fields that the rules do not read are replaced by
+        harmless placeholders."""
+        bad = {field.split(".")[0] for field, _ in problems}
+        if bad & {"count", "nodes", "network", "backend"}:
+            return []
+        placeholders = {"gpu": "cpu", "name": None, "disk": DEFAULT_DISK, "price_book": None}
+        trial = {k: v for k, v in data.items() if k not in bad}
+        trial.update({k: v for k, v in placeholders.items() if k in bad and v is not None})
+        try:
+            return cls.model_validate(trial)._cross_field_problems()
+        except ValidationError:
+            return []
 
     def _cross_field_problems(self) -> list[tuple[str, str]]:
         problems: list[tuple[str, str]] = []
@@ -191,14 +219,14 @@ class JobSpec(_Spec):
     """A training script and how to run it on a cluster."""
 
     script: str
-    args: list[str] = Field(default_factory=list)
+    args: list[Annotated[str, BeforeValidator(_scalar_to_str)]] = Field(default_factory=list)
     name: str | None = None
     cluster: str | ClusterSpec | None = None
     workers_per_node: int | None = Field(None, ge=1, le=MAX_GPUS_PER_NODE)
     strategy: Literal["ddp"] = "ddp"
     precision: Literal["fp32"] = "fp32"
     framework: Literal["torchrun"] = "torchrun"
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, Annotated[str, BeforeValidator(_scalar_to_str)]] = Field(default_factory=dict)
     max_restarts: int = Field(0, ge=0, le=100)
     keep: bool = False  # keep a cluster made for this job after the job ends
     workdir: str | None = None  # where the script runs; the submitting shell's folder by default
@@ -223,7 +251,7 @@ class JobSpec(_Spec):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if not _ENV_RE.match(k)]
+        bad = [k for k in v if not _ENV_RE.fullmatch(k)]
         if bad:
             raise ValueError(f"invalid variable name(s) {', '.join(bad)}: use letters, digits, '_'")
         return {k: str(val) for k, val in v.items()}
@@ -238,15 +266,17 @@ class JobSpec(_Spec):
     @classmethod
     def parse(cls, data: dict[str, Any]) -> Self:
         data = {k: v for k, v in data.items() if v is not None}
+        script = data.get("script")
+        base = Path(str(data.get("workdir") or "."))
+        missing = ([("script", f"no such file: {script}")]
+                   if isinstance(script, str) and script.strip() and not (base / script).is_file()
+                   else [])
         try:
             spec = cls.model_validate(data)
         except ValidationError as exc:
-            raise SpecError(_errors(exc)) from None
-        problems = []
-        if not Path(spec.script).is_file():
-            problems.append(("script", f"no such file: {spec.script}"))
-        if problems:
-            raise SpecError(problems)
+            raise SpecError(_errors(exc) + missing) from None
+        if missing:
+            raise SpecError(missing)
         return spec
 
 

@@ -114,7 +114,9 @@ def gpu_from_nvml_name(nvml_name: str) -> GpuType | None:
     best: tuple[int, GpuType] | None = None
     for gpu in gpu_types().values():
         for pattern in gpu.nvml_match:
-            if pattern.lower() in nvml_name.lower() and (best is None or len(pattern) > best[0]):
+            # at a word start, so 'H200' does not match Grace Hopper's 'GH200'
+            hit = re.search(r"(?:^|[\s-])" + re.escape(pattern), nvml_name, re.IGNORECASE)
+            if hit and (best is None or len(pattern) > best[0]):
                 best = (len(pattern), gpu)
     return best[1] if best else None
 

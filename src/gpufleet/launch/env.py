@@ -17,9 +17,14 @@ NCCL_BY_FABRIC: dict[str, dict[str, str]] = {
 }
 
 
-def device_env(placement: Placement, fabric: str, host_cpus: int) -> dict[str, str]:
-    """Pin the node's devices and pick the process-group backend: nccl on GPUs, gloo on CPU."""
-    workers = len(placement.devices)
+def device_env(placement: Placement, fabric: str, host_cpus: int,
+               workers: int | None = None) -> dict[str, str]:
+    """Pin the node's devices and pick the process-group backend: nccl on GPUs, gloo on CPU.
+
+    Threads per worker split the host's cores over the workers that will run (`workers`, by
+    default one per device), so they do not oversubscribe the CPU.
+    """
+    workers = workers or len(placement.devices)
     threads = str(max(1, host_cpus // max(1, workers)))
     on_cpu = all(d.gpu == "cpu" for d in placement.devices)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}

@@ -48,7 +48,7 @@ def build_torchrun(spec: JobSpec, placement: Placement, ctx: JobContext) -> Node
         spec.script, *spec.args,
     ]
     env = {
-        **device_env(placement, ctx.fabric, ctx.host_cpus),
+        **device_env(placement, ctx.fabric, ctx.host_cpus, workers),
         "GPUFLEET_JOB": ctx.job_name,
         "GPUFLEET_CLUSTER": ctx.cluster_name,
         "GPUFLEET_JOB_DIR": str(ctx.job_dir),

@@ -6,6 +6,7 @@ AllocationError with what was asked and what is free, so a user knows what to ch
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 from gpufleet.errors import AllocationError
@@ -23,16 +24,13 @@ def free_devices(node: Node, gpu: str, reserved: Reservations) -> list[Device]:
 
 
 def _nvlink_clique(devices: list[Device], size: int) -> list[Device] | None:
-    """`size` devices that all reach each other over NVLink, lowest indices first (greedy)."""
-    for start in range(len(devices)):
-        group = [devices[start]]
-        for d in devices[start + 1:]:
-            if all(d.index in g.nvlink_peers for g in group):
-                group.append(d)
-            if len(group) == size:
-                return group
-        if len(group) == size:
-            return group
+    """`size` devices that all reach each other over NVLink, lowest indices first.
+
+    An exhaustive search: a node has at most 8 GPUs, so at most C(8, 4) = 70 groups to try.
+    """
+    for group in itertools.combinations(devices, size):
+        if all(b.index in a.nvlink_peers for a, b in itertools.combinations(group, 2)):
+            return list(group)
     return None
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 from sqlalchemy import select
 
-from gpufleet.errors import ConflictError, NotFoundError
+from gpufleet.errors import ConflictError, NotFoundError, SpecError
 from gpufleet.spec import JobSpec, check_name
 from gpufleet.store import Cluster, Event, Job, Store, gpufleet_home
 
@@ -30,6 +30,11 @@ def job_name_for(spec: JobSpec) -> str:
 
 def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Job:
     name = job_name_for(spec)
+    per_node = cluster.count // cluster.nodes
+    if spec.workers_per_node is not None and spec.workers_per_node > per_node:
+        raise SpecError([("workers_per_node", f"{spec.workers_per_node} workers per node need as "
+                          f"many devices, but cluster {cluster.name} has {per_node} per node; use "
+                          f"1 to {per_node}")])
     job_dir = gpufleet_home() / "jobs" / name
     with store.session() as s:
         if s.scalar(select(Job).where(Job.name == name)) is not None:
