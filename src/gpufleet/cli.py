@@ -373,24 +373,20 @@ def _foreground(store: Store, job: Job, cluster: Cluster) -> Job:
     from gpufleet.supervise.supervisor import Supervisor
 
     tty = out.is_terminal
-    recent: list[str] = []
     last_line = [0.0]
 
     def on_line(rank: int | None, text: str) -> None:
-        label = "agent" if rank is None else f"rank{rank}"
-        if tty:
-            recent.append(f"[{label}] {text}")
-            del recent[:-50]
-        elif rank in (0, None):  # rank 0 and the agent speak for the job; all ranks are in logs
+        # rank 0 and the agent speak for the job; every rank's lines are in `gpufleet logs`
+        if rank in (0, None):
+            label = "agent" if rank is None else f"rank{rank}"
             out.print(f"[{label}] {text}", markup=False, highlight=False, soft_wrap=True)
 
-    if tty:
+    if tty:  # a live panel under the scrolling log lines
         with Live(console=out, refresh_per_second=4, transient=True) as live:
             sup = Supervisor(store, job, cluster, _backend(),
-                             on_tick=lambda v: live.update(ui.job_panel(v, recent)),
-                             on_line=on_line)
+                             on_tick=lambda v: live.update(ui.job_panel(v)), on_line=on_line)
             final = sup.run()
-    else:
+    else:  # logs and a progress line every 10 s
         def on_tick(v: Any) -> None:
             if v.step is not None and time.time() - last_line[0] >= 10:
                 last_line[0] = time.time()

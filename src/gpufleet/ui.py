@@ -55,7 +55,7 @@ def quote_table(gpu: str, count: int, network: str, rates: list[cost.Rate],
     return t
 
 
-def job_panel(v: JobView, log_lines: list[str] | None = None) -> Panel:
+def job_panel(v: JobView) -> Panel:
     done = v.step or 0
     total = v.total_steps or 0
     bar = ProgressBar(total=max(total, 1), completed=min(done, total) if total else 0, width=40)
@@ -67,9 +67,6 @@ def job_panel(v: JobView, log_lines: list[str] | None = None) -> Panel:
     grid = Table.grid()
     grid.add_row(bar)
     grid.add_row(line)
-    if log_lines:
-        grid.add_row(Text("\n".join(log_lines[-6:]), style="dim", overflow="ellipsis",
-                          no_wrap=True))
     title = f"{v.job} on {v.cluster} ({v.world_size} x {v.gpu}) - {v.status}"
     return Panel(grid, title=title, title_align="left")
 

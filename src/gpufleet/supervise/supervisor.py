@@ -23,6 +23,7 @@ import psutil
 
 from gpufleet import clusters
 from gpufleet.backends.local import Handle, LocalBackend
+from gpufleet.errors import GpufleetError
 from gpufleet.launch.torchrun import JobContext, build_torchrun, merge_env
 from gpufleet.store import Cluster, Job, Metric, Store
 from gpufleet.supervise import jobs
@@ -51,6 +52,7 @@ class Supervisor:
         self.spec = jobs.spec_of(job)
         self.on_tick, self.on_line = on_tick, on_line
         self.stop_reason: str | None = None
+        self.error: str | None = None
         self.throughput = Throughput()
         self.pending_metrics: list[Metric] = []
         self.progress_dirty = False
@@ -99,6 +101,9 @@ class Supervisor:
         except KeyboardInterrupt:
             self.request_stop("interrupted by user (Ctrl-C)")
             code = None
+        except (OSError, GpufleetError) as exc:  # e.g. the interpreter or working folder vanished
+            self.error = f"could not run the job: {exc}"
+            code = None
         finally:
             if handle is not None and self.backend.poll(handle) is None:
                 self.backend.kill_tree(handle)
@@ -108,7 +113,7 @@ class Supervisor:
             self._drain(sock)
             self._flush()
             sock.close()
-        self._finish(code if handle is not None else None, sink)
+        self._finish(code, sink)
         sink.close()
         return jobs.get(self.store, self.job.name)
 
@@ -199,7 +204,9 @@ class Supervisor:
         fields: dict[str, object] = {"exit_code": code}
         if overall is not None:
             fields["samples_per_s"] = overall
-        if self.stop_reason is not None and code != 0:
+        if self.error is not None:
+            status, reason = "failed", self.error
+        elif self.stop_reason is not None and code != 0:
             status, reason = "stopped", self.stop_reason
         elif code == 0:
             status, reason = "succeeded", "all workers exited 0"
