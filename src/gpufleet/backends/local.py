@@ -146,33 +146,33 @@ class LocalBackend:
     def signal(self, handle: Handle, sig: int) -> None:
         """Signal the whole tree: torchrun starts each worker in a session of its own, so a
         process-group signal would miss them; we walk the descendants instead."""
-        for proc in _tree(handle.pid):
-            try:
-                proc.send_signal(sig)
-            except psutil.Error:
-                pass
+        send_signal(_tree(handle.pid), sig)
 
     def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None:
         """SIGTERM the tree, then SIGKILL whatever is still alive after `grace_s` seconds."""
         procs = _tree(handle.pid)
-        for p in procs:
-            try:
-                p.send_signal(signals.SIGTERM)
-            except psutil.Error:
-                pass
+        send_signal(procs, signals.SIGTERM)
         _, alive = psutil.wait_procs(procs, timeout=grace_s)
         # a worker started while we waited (torchrun restarting) is caught here too
-        alive = list({p.pid: p for p in alive + _tree(handle.pid)}.values())
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        kill(list({p.pid: p for p in alive + _tree(handle.pid)}.values()))
         try:
             handle.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+
+
+def send_signal(procs: list[Any], sig: int) -> None:
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass  # already gone
+
+
+def kill(procs: list[Any]) -> None:
+    """SIGKILL `procs` and reap them (wait up to 5 s)."""
+    send_signal(procs, signals.SIGKILL)
+    psutil.wait_procs(procs, timeout=5)
 
 
 def _tree(pid: int) -> list[Any]:

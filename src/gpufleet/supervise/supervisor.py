@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 
 from gpufleet import clusters
-from gpufleet.backends.local import Handle, LocalBackend
+from gpufleet.backends.local import Handle, LocalBackend, kill
 from gpufleet.errors import GpufleetError
 from gpufleet.launch.torchrun import JobContext, build_torchrun, merge_env
 from gpufleet.store import Cluster, Job, Metric, Store
@@ -230,12 +230,7 @@ def _end_descendants() -> None:
         left = psutil.Process().children(recursive=True)
     except psutil.Error:
         return
-    for p in left:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=5)
+    kill(left)
 
 
 def main(argv: list[str] | None = None) -> int:
