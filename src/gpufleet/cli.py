@@ -163,7 +163,7 @@ def launch(
     spec = _cluster_spec({**data, **{k: v for k, v in flags.items() if v is not None}})
     cluster = _launch(spec, yes, cpu_slots, quiet=as_json)
     if as_json:
-        _print_json(_cluster_dict(_store(), cluster, time.time()))
+        _print_json(_cluster_dict(_store(), cluster, time.time(), _backend(cpu_slots).discover()))
         return
     ids = clusters.device_ids(_store(), cluster.id)
     out.print(f"Cluster [bold]{cluster.name}[/]: {cluster.count} x {cluster.gpu} "
@@ -171,13 +171,13 @@ def launch(
               f"Run a job: gpufleet run --cluster {cluster.name} SCRIPT")
 
 
-def _cluster_dict(store: Store, c: Cluster, now: float) -> dict[str, Any]:
+def _cluster_dict(store: Store, c: Cluster, now: float, nodes: list[Any]) -> dict[str, Any]:
     with store.session() as s:
         job = s.scalar(select(Job).where(Job.cluster_id == c.id).order_by(Job.id.desc()))
     return {
         "name": c.name, "gpu": c.gpu, "count": c.count, "nodes": c.nodes,
         "devices": clusters.device_ids(store, c.id), "topology": c.network,
-        "health": "ok" if c.status in clusters.ACTIVE else "-", "status": c.status,
+        "health": clusters.health(c, clusters.placements(store, c), nodes), "status": c.status,
         "price_book": c.price_book, "usd_per_hour": c.usd_per_hour,
         "age_s": now - c.created_at,
         "cost_usd": cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, now),
@@ -200,7 +200,8 @@ def list_(
         q = q.where(Cluster.status.in_(clusters.ACTIVE))
     with store.session() as s:
         found = list(s.scalars(q).all())
-    rows = [_cluster_dict(store, c, now) for c in found]
+    nodes = _backend().discover() if any(c.status in clusters.ACTIVE for c in found) else []
+    rows = [_cluster_dict(store, c, now, nodes) for c in found]
     if as_json:
         _print_json(rows)
         return

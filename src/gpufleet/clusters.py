@@ -153,3 +153,26 @@ def spec_of(cluster: Cluster) -> ClusterSpec:
 
 def scratch_path(cluster: Cluster) -> Path:
     return Path(cluster.scratch_dir)
+
+
+def health(cluster: Cluster, reserved: list[Placement], nodes: list[Node]) -> str:
+    """'ok', or what is wrong with the cluster's devices as the backend sees them now
+    (a GPU gone from NVML, a node lost, a device reported unhealthy)."""
+    if cluster.status not in ACTIVE:
+        return "-"
+    by_node = {n.id: n for n in nodes}
+    problems = []
+    for p in reserved:
+        node = by_node.get(p.node_id)
+        if node is None or not node.healthy:
+            problems.append(f"node {p.node_id} {'lost' if node is None else 'unhealthy'}")
+            continue
+        seen = {d.id: d for d in node.devices}
+        for d in p.devices:
+            now = seen.get(d.id)
+            if now is None or now.gpu != cluster.gpu:
+                problems.append(f"{d.id} missing")
+            elif not now.healthy:
+                problems.append(f"{d.id} unhealthy")
+    return "ok" if not problems else "degraded: " + ", ".join(problems)
+
