@@ -131,12 +131,14 @@ def _launch(spec: ClusterSpec, yes: bool, cpu_slots: int | None, for_job: str | 
             quiet: bool = False) -> Cluster:
     from gpufleet import ui
 
+    store = _store()
+    nodes = _backend(cpu_slots).discover()
+    clusters.check(store, spec, nodes)  # refuse before quoting what cannot be had
     q = clusters.quote_for(spec)
     if not quiet:
         err.print(ui.quote_table(spec.gpu, spec.count, spec.fabric, q.rates, q.book))
     _confirm(f"Launch {spec.count} x {spec.gpu} at {ui.usd(q.usd_per_hour)}/hour?", yes)
-    backend = _backend(cpu_slots)
-    return clusters.launch(_store(), spec, backend.discover(), for_job=for_job)
+    return clusters.launch(store, spec, nodes, for_job=for_job)
 
 
 @app.command()
@@ -336,6 +338,7 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None) -> N
         cspec = spec.cluster
         if cspec.name is None:
             cspec = cspec.model_copy(update={"name": clusters.new_name("run")})
+        jobs.check_name_free(store, jobs.job_name_for(spec))
         cluster = _launch(cspec, yes, cpu_slots, for_job=jobs.job_name_for(spec))
         spec = spec.model_copy(update={"name": cluster.for_job})
     else:
@@ -348,7 +351,8 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None) -> N
         job = jobs.create(store, spec, cluster, world)
     except GpufleetError:
         if made_here:
-            clusters.stop(store, cluster.name, reason="job could not be created")
+            clusters.stop(store, cluster.name, reason="job could not be created",
+                          cluster_id=cluster.id)
         raise
     if detach:
         _start_detached(job)
@@ -357,7 +361,10 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None) -> N
                   f"\n  stop:    gpufleet stop {job.name}")
         return
     final = _foreground(store, job, cluster)
-    raise typer.Exit(0 if final.status == "succeeded" else 1)
+    if final.status == "succeeded":
+        raise typer.Exit(0)
+    # 130 is what a shell reports for a command ended by Ctrl-C
+    raise typer.Exit(130 if final.reason and "Ctrl-C" in final.reason else 1)
 
 
 def _start_detached(job: Job) -> None:
@@ -413,9 +420,8 @@ def logs(
     store = _store()
     j = jobs.get(store, job)
     path = Path(j.job_dir) / ("job.log" if rank is None else f"logs/rank{rank}.log")
-    if rank is not None and not path.exists() and j.status not in ("starting", "running"):
-        raise NotFoundError(f"rank: job {job} has no log for rank {rank} "
-                            f"(ranks 0..{j.world_size - 1})")
+    if rank is not None and not 0 <= rank < j.world_size:
+        raise NotFoundError(f"rank: job {job} has ranks 0..{j.world_size - 1}, not {rank}")
     pos = 0
     while True:
         if path.exists():
@@ -427,7 +433,12 @@ def logs(
             sys.stdout.flush()
         if not follow:
             return
-        if jobs.get(store, job).status not in ("starting", "running"):
+        now = jobs.get(store, job)
+        if now.status in jobs.ACTIVE and now.supervisor_pid is not None \
+                and not jobs.supervisor_alive(now):
+            jobs.reconcile(store)  # its supervisor died: record that, then stop following
+            now = jobs.get(store, job)
+        if now.status not in jobs.ACTIVE:
             if path.exists() and path.stat().st_size > pos:
                 continue
             return
@@ -483,8 +494,9 @@ def _stop_job(store: Store, j: Job, timeout_s: float = 30.0) -> None:
     if j.status not in jobs.ACTIVE:
         return
     if j.supervisor_pid is None or not jobs.supervisor_alive(j):
-        jobs.transition(store, j.id, "stopped", "stopped by user (no supervisor was running)")
+        jobs.transition(store, j.id, "stopped", f"{jobs.STOP_REQUESTED}; no supervisor was running")
         return
+    jobs.mark_stop_requested(store, j.id)
     os.kill(j.supervisor_pid, signal.SIGTERM)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -511,8 +523,12 @@ def stop(
             targets = list(s.scalars(select(Cluster).where(Cluster.status.in_(clusters.ACTIVE))))
             job_row = None
         else:
-            targets = list(s.scalars(select(Cluster).where(Cluster.name == name)))
-            job_row = s.scalar(select(Job).where(Job.name == name)) if not targets else None
+            named = list(s.scalars(select(Cluster).where(Cluster.name == name)))
+            targets = [c for c in named if c.status in clusters.ACTIVE]
+            job_row = s.scalar(select(Job).where(Job.name == name)) if not named else None
+    if not all_ and named and not targets:
+        out.print(f"Cluster {name} is already stopped.")
+        return
     if job_row is not None:
         _stop_job(store, job_row)
         out.print(f"Job {job_row.name}: {jobs.get(store, job_row.name).status}")
@@ -523,7 +539,7 @@ def stop(
         running = clusters.running_job(store, c.id)
         if running is not None:
             _stop_job(store, running)
-        c = clusters.stop(store, c.name)
+        c = clusters.stop(store, c.name, cluster_id=c.id)
         out.print(f"Cluster {c.name}: {c.status}, devices freed, cost "
                   f"${cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, time.time()):.4f}")
     if all_ and not targets:

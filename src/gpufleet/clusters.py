@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
 from gpufleet.plan import cost
 from gpufleet.pool.allocate import allocate
-from gpufleet.pool.model import Device, Node, Placement
+from gpufleet.pool.model import Allocation, Device, Node, Placement
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Job, Reservation, Store, gpufleet_home
 
@@ -47,33 +48,47 @@ def new_name(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(2)}"
 
 
-def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | None = None) -> Cluster:
-    """Allocate devices and record the cluster, all in one serialized write transaction."""
-    name = spec.name or new_name("cluster")
-    q = quote_for(spec)
-    scratch = gpufleet_home() / "clusters" / name
+def _held(s: Session) -> dict[tuple[str, str], str]:
+    return {
+        (r.node_id, r.device_id): cname
+        for r, cname in s.execute(
+            select(Reservation, Cluster.name).join(Cluster, Cluster.id == Reservation.cluster_id)
+        )
+    }
+
+
+def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node]) -> Allocation:
+    """Every reason to refuse, in the order a user would fix them; the allocation otherwise."""
     free_disk = min((n.free_disk_bytes for n in nodes), default=0)
     if spec.disk_bytes > free_disk:
         raise AllocationError(
             f"disk: the cluster asks for {spec.disk} of scratch space but the node has "
             f"{free_disk / 1e9:.1f} GB free under {gpufleet_home()}"
         )
+    if s.scalar(select(Cluster).where(Cluster.name == name, Cluster.status.in_(ACTIVE))):
+        raise ConflictError(f"name: a cluster named '{name}' already exists; pick another "
+                            f"name or stop it first (gpufleet stop {name})")
+    return allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, _held(s))
+
+
+def check(store: Store, spec: ClusterSpec, nodes: list[Node]) -> None:
+    """Would `launch` succeed now? Raises its error if not; reserves nothing."""
+    quote_for(spec)
+    with store.session() as s:
+        _checked(s, spec, spec.name or "", nodes)
+
+
+def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | None = None) -> Cluster:
+    """Allocate devices and record the cluster, all in one serialized write transaction.
+
+    Names are unique among running clusters; a stopped cluster keeps its name in the history.
+    """
+    name = spec.name or new_name("cluster")
+    q = quote_for(spec)
+    scratch = gpufleet_home() / "clusters" / name
     now = time.time()
     with store.session() as s:
-        if s.scalar(select(Cluster).where(Cluster.name == name, Cluster.status.in_(ACTIVE))):
-            raise ConflictError(f"name: a cluster named '{name}' already exists; pick another "
-                                "name or stop it first (gpufleet stop " + name + ")")
-        old = s.scalar(select(Cluster).where(Cluster.name == name))
-        if old is not None:  # a stopped cluster's name can be reused; keep its history renamed
-            old.name = f"{old.name}~{old.id}"
-            s.flush()
-        held = {
-            (r.node_id, r.device_id): cname
-            for r, cname in s.execute(
-                select(Reservation, Cluster.name).join(Cluster, Cluster.id == Reservation.cluster_id)
-            ).tuples()
-        }
-        alloc = allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, held)
+        alloc = _checked(s, spec, name, nodes)
         cluster = Cluster(
             name=name, gpu=spec.gpu, count=spec.count, nodes=spec.node_count,
             network=spec.fabric, disk_bytes=spec.disk_bytes, backend=spec.backend,
@@ -93,7 +108,9 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
 
 def get(store: Store, name: str) -> Cluster:
     with store.session() as s:
-        c = s.scalar(select(Cluster).where(Cluster.name == name))
+        # the running cluster of that name, else the latest stopped one
+        c = s.scalar(select(Cluster).where(Cluster.name == name)
+                     .order_by(Cluster.status.in_(ACTIVE).desc(), Cluster.id.desc()))
         if c is None:
             names = s.scalars(select(Cluster.name).where(Cluster.status.in_(ACTIVE))).all()
             known = ", ".join(names) or "none"
@@ -125,10 +142,16 @@ def device_ids(store: Store, cluster_id: int) -> list[str]:
                               .order_by(Reservation.device_index)).all())
 
 
-def stop(store: Store, name: str, reason: str = "stopped by user") -> Cluster:
-    """Free the devices and freeze the cost. Jobs still running on it must be stopped first."""
+def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: int | None = None) -> Cluster:
+    """Free the devices and freeze the cost. Jobs still running on it must be stopped first.
+
+    `cluster_id` pins the exact cluster (a job's own), since a name can be reused after a stop.
+    """
     with store.session() as s:
-        c = s.scalar(select(Cluster).where(Cluster.name == name))
+        q = select(Cluster).where(Cluster.id == cluster_id) if cluster_id is not None else (
+            select(Cluster).where(Cluster.name == name)
+            .order_by(Cluster.status.in_(ACTIVE).desc(), Cluster.id.desc()))
+        c = s.scalar(q)
         if c is None:
             raise NotFoundError(f"cluster: no cluster named '{name}'")
         if c.status not in ACTIVE:

@@ -10,6 +10,10 @@ import pytest
 from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 
+from gpufleet import clusters
+from gpufleet.errors import ConflictError
+from gpufleet.pool.model import Device, Node
+from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Reservation, Store, gpufleet_home
 
 
@@ -92,10 +96,24 @@ def test_reservation_needs_an_existing_cluster(store: Store) -> None:
         reserve(store, 999, "local", "gpu0", 0)
 
 
-def test_cluster_names_unique(store: Store) -> None:
-    add_cluster(store, "dup")
-    with pytest.raises(IntegrityError):
-        add_cluster(store, "dup")
+def _local_node() -> Node:
+    cpus = tuple(Device(id=f"cpu{i}", index=i, gpu="cpu", memory_bytes=2**30) for i in range(4))
+    return Node(id="local", address="127.0.0.1", devices=cpus, free_disk_bytes=10**12)
+
+
+def test_running_cluster_names_unique_but_reusable_after_stop(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUFLEET_HOME", str(tmp_path / "home"))
+    spec = ClusterSpec.parse({"gpu": "cpu", "count": 1, "name": "dup"})
+    first = clusters.launch(store, spec, [_local_node()])
+    with pytest.raises(ConflictError, match="name: a cluster named 'dup' already exists"):
+        clusters.launch(store, spec, [_local_node()])
+    clusters.stop(store, "dup")
+    second = clusters.launch(store, spec, [_local_node()])
+    assert second.id != first.id
+    assert clusters.get(store, "dup").id == second.id  # the running one, not the history
+    clusters.stop(store, "dup", cluster_id=first.id)  # the old one is already stopped: no-op
+    assert clusters.get(store, "dup").status == "running"
 
 
 def test_gpufleet_home_from_env_is_created_owner_only(

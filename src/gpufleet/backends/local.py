@@ -6,6 +6,7 @@ is `cpu_slots`, else $GPUFLEET_CPU_SLOTS, else the number of cores.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal as signals
@@ -133,10 +134,16 @@ class LocalBackend:
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path,
               pass_fds: tuple[int, ...] = ()) -> Handle:
-        """Start `argv` (never through a shell) in a new session, merging stderr into stdout."""
+        """Start `argv` (never through a shell) in a new session, merging stderr into stdout.
+
+        The process gets SIGTERM if its parent (the supervisor) dies, however it dies: torchrun
+        then ends its workers, so a killed supervisor does not leave a job running on devices
+        the store has already freed.
+        """
         proc = subprocess.Popen(
             argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds,
+            preexec_fn=_term_on_parent_death,
         )
         return Handle(proc)
 
@@ -159,6 +166,17 @@ class LocalBackend:
             handle.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _term_on_parent_death() -> None:
+    """Runs in the child between fork and exec (Linux): ask for SIGTERM when the parent dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signals.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def send_signal(procs: list[Any], sig: int) -> None:

@@ -23,8 +23,9 @@ from gpufleet.store.models import Base
 def gpufleet_home() -> Path:
     """The state folder: $GPUFLEET_HOME or ~/.gpufleet, created owner-only (0700)."""
     home = Path(os.environ.get("GPUFLEET_HOME") or Path.home() / ".gpufleet").expanduser()
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    home.chmod(0o700)
+    for folder in (home, home / "jobs", home / "clusters"):
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        folder.chmod(0o700)
     return home
 
 

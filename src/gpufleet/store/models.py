@@ -14,7 +14,8 @@ class Cluster(Base):
     __tablename__ = "clusters"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(64), unique=True)
+    # unique among running clusters (checked in the launch transaction); history keeps old names
+    name: Mapped[str] = mapped_column(String(64), index=True)
     gpu: Mapped[str] = mapped_column(String(32))
     count: Mapped[int] = mapped_column(Integer)
     nodes: Mapped[int] = mapped_column(Integer)

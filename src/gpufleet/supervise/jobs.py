@@ -16,6 +16,7 @@ from gpufleet.store import Cluster, Event, Job, Store, gpufleet_home
 
 ACTIVE = ("starting", "running")
 FINAL = ("succeeded", "failed", "stopped", "interrupted")
+STOP_REQUESTED = "stopped by user (gpufleet stop)"
 
 
 def job_name_for(spec: JobSpec) -> str:
@@ -26,6 +27,12 @@ def job_name_for(spec: JobSpec) -> str:
     if not stem[0].isalpha():
         stem = "job-" + stem
     return check_name(f"{stem}-{os.urandom(2).hex()}", "job")
+
+
+def check_name_free(store: Store, name: str) -> None:
+    with store.session() as s:
+        if s.scalar(select(Job).where(Job.name == name)) is not None:
+            raise ConflictError(f"name: a job named '{name}' already exists; pick another name")
 
 
 def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Job:
@@ -112,4 +119,13 @@ def reconcile(store: Store) -> None:
         with store.session() as s:
             c = s.get(Cluster, job.cluster_id)
         if c is not None and c.for_job == job.name and c.status in clusters.ACTIVE:
-            clusters.stop(store, c.name, reason=f"job {job.name} ended")
+            clusters.stop(store, c.name, reason=f"job {job.name} ended", cluster_id=c.id)
+
+
+def mark_stop_requested(store: Store, job_id: int) -> None:
+    """Say why before signalling the supervisor, so the job records who stopped it."""
+    with store.session() as s:
+        job = s.get(Job, job_id)
+        if job is not None and job.status in ACTIVE:
+            job.reason = STOP_REQUESTED
+

@@ -16,31 +16,46 @@ TAIL_LINES = 40
 
 
 def split_line(line: str) -> tuple[int | None, str]:
-    """(rank or None for the agent, the line without its prefix)."""
+    """(rank or None for the agent, the line without its prefix).
+
+    torch prefixes a worker's uncaught-exception lines with `[rankN]:` itself, so those arrive
+    as `[rankN]:[rankN]: ...`; both prefixes go.
+    """
     m = _PREFIX.match(line)
-    return (int(m.group(1)), m.group(2)) if m else (None, line)
+    if not m:
+        return None, line
+    rank, text = int(m.group(1)), m.group(2)
+    own = f"[rank{rank}]:"
+    if text.startswith(own):
+        text = text[len(own):].removeprefix(" ")
+    return rank, text
 
 
 class LogSink:
     """Writes the combined log, per-rank logs and the agent log; keeps recent lines per rank."""
 
-    def __init__(self, job_dir: Path):
+    def __init__(self, job_dir: Path, world_size: int = 0):
         self.dir = job_dir / "logs"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.combined: IO[str] = open(job_dir / "job.log", "a", buffering=1)  # noqa: SIM115
         self.files: dict[int | None, IO[str]] = {}
         self.tails: dict[int | None, deque[str]] = {}
+        for rank in range(world_size):  # a rank that never prints still has a (empty) log
+            self._file(rank)
 
     def write(self, line: str) -> tuple[int | None, str]:
         rank, text = split_line(line)
         self.combined.write(line if line.endswith("\n") else line + "\n")
+        self._file(rank).write(text if text.endswith("\n") else text + "\n")
+        self.tails.setdefault(rank, deque(maxlen=TAIL_LINES)).append(text.rstrip("\n"))
+        return rank, text
+
+    def _file(self, rank: int | None) -> IO[str]:
         f = self.files.get(rank)
         if f is None:
             name = "agent.log" if rank is None else f"rank{rank}.log"
             f = self.files[rank] = open(self.dir / name, "a", buffering=1)  # noqa: SIM115
-        f.write(text if text.endswith("\n") else text + "\n")
-        self.tails.setdefault(rank, deque(maxlen=TAIL_LINES)).append(text.rstrip("\n"))
-        return rank, text
+        return f
 
     def tail(self, rank: int | None) -> list[str]:
         return list(self.tails.get(rank, ()))
@@ -49,6 +64,17 @@ class LogSink:
         self.combined.close()
         for f in self.files.values():
             f.close()
+
+
+_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?$")
+
+
+def last_exception(lines: list[str]) -> str | None:
+    """The final 'SomeError: message' line of a Python traceback, if the lines hold one."""
+    for line in reversed(lines):
+        if _EXCEPTION.match(line.strip()):
+            return line.strip()
+    return None
 
 
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")

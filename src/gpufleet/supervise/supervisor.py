@@ -27,7 +27,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.launch.torchrun import JobContext, build_torchrun, merge_env
 from gpufleet.store import Cluster, Job, Metric, Store
 from gpufleet.supervise import jobs
-from gpufleet.supervise.logs import LogSink, failed_rank
+from gpufleet.supervise.logs import LogSink, failed_rank, last_exception
 from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.view import JobView, job_view
 
@@ -62,16 +62,19 @@ class Supervisor:
         if self.stop_reason is None:
             self.stop_reason = reason
 
-    def _on_sigterm(self, signum: int, _frame: object) -> None:
-        self.request_stop("stopped by user (gpufleet stop)")
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        why = {signal.SIGTERM: "stopped by SIGTERM (gpufleet stop, or the system)",
+               signal.SIGHUP: "stopped: the terminal was closed (SIGHUP)"}
+        self.request_stop(why.get(signal.Signals(signum), f"stopped by signal {signum}"))
 
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> Job:
         _become_subreaper()
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGHUP, self._on_signal)
         job_dir = Path(self.job.job_dir)
-        sink = LogSink(job_dir)
+        sink = LogSink(job_dir, self.job.world_size)
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind(("127.0.0.1", 0))
         sock.setblocking(False)
@@ -141,7 +144,8 @@ class Supervisor:
         assert handle.stdout is not None
         for raw in iter(handle.stdout.readline, b""):
             rank, text = sink.write(raw.decode("utf-8", "replace"))
-            if self.on_line:
+            # after a stop, torchrun's own shutdown traceback is noise: it stays in the logs only
+            if self.on_line and self.stop_reason is None:
                 self.on_line(rank, text.rstrip("\n"))
 
     # -- reports --------------------------------------------------------------------------------
@@ -207,21 +211,26 @@ class Supervisor:
         if self.error is not None:
             status, reason = "failed", self.error
         elif self.stop_reason is not None and code != 0:
-            status, reason = "stopped", self.stop_reason
+            # `gpufleet stop` leaves its reason on the row before it signals us
+            asked = jobs.get(self.store, self.job.name).reason
+            status, reason = "stopped", asked if asked == jobs.STOP_REQUESTED else self.stop_reason
         elif code == 0:
             status, reason = "succeeded", "all workers exited 0"
         else:
             rank, rank_code = failed_rank(sink.tail(None), sink.tails)
             where = f"rank {rank}" if rank is not None else "a worker"
             last = sink.tail(rank)[-8:] if rank is not None else sink.tail(None)[-8:]
+            error = last_exception(last)
             status = "failed"
-            reason = (f"{where} exited with code {rank_code if rank_code is not None else code}; "
-                      "last lines:\n" + "\n".join(last))
+            reason = (f"{where} failed{': ' + error if error else ''} (exit code "
+                      f"{rank_code if rank_code is not None else code}); last lines:\n"
+                      + "\n".join(last))
         jobs.transition(self.store, self.job.id, status, reason, **fields)
         self.job = jobs.get(self.store, self.job.name)
         if self.cluster.for_job == self.job.name and not self.spec.keep:
             self.cluster = clusters.stop(self.store, self.cluster.name,
-                                         reason=f"job {self.job.name} ended")
+                                         reason=f"job {self.job.name} ended",
+                                         cluster_id=self.cluster.id)
 
 
 def _end_descendants() -> None:

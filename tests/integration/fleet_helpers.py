@@ -1,0 +1,156 @@
+"""Helpers for the integration tests: the real `gpufleet` CLI, run as a subprocess.
+
+A `Fleet` is the CLI bound to one state folder ($GPUFLEET_HOME under tmp_path) and a fixed number
+of CPU slots, so tests never see each other's clusters. `Fleet.cleanup` stops every cluster of
+that home and returns any process started under it (supervisor, torchrun, workers) that is still
+alive: every process the CLI starts inherits $GPUFLEET_HOME, which is how we find them, and why
+tests never match processes by name alone (another session may run the same scripts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+WORKERS = Path(__file__).resolve().parent / "workers"
+CLI = [sys.executable, "-m", "gpufleet.cli"]
+DEFAULT_TIMEOUT = 60
+
+
+def _base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def leftovers(home: Path, marker: str | None = None) -> list[psutil.Process]:
+    """Live processes started under `home` (by $GPUFLEET_HOME), optionally only those whose
+    command line contains `marker` (e.g. a worker script)."""
+    found = []
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if marker is not None and marker not in cmd:
+                continue
+            if p.environ().get("GPUFLEET_HOME") == str(home):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_no_leftovers(home: Path, marker: str | None = None, timeout: float = 10.0) -> list[str]:
+    """Wait until no process of `home` (matching `marker`) is left; return the command lines of
+    those still alive after `timeout` (empty when all are gone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftovers(home, marker)
+        if not left or time.monotonic() > deadline:
+            out = []
+            for p in left:
+                try:
+                    out.append(f"{p.pid}: {' '.join(p.cmdline())}")
+                except psutil.Error:
+                    pass
+            return out
+        time.sleep(0.2)
+
+
+class Fleet:
+    """The gpufleet CLI bound to one state folder and one CPU-slot count."""
+
+    def __init__(self, home: Path, cwd: Path, slots: int = 2):
+        self.home, self.cwd, self.slots = home, cwd, slots
+        cwd.mkdir(parents=True, exist_ok=True)
+
+    def env(self, slots: int | None = None, **extra: str) -> dict[str, str]:
+        env = _base_env()
+        env["GPUFLEET_HOME"] = str(self.home)
+        env["GPUFLEET_CPU_SLOTS"] = str(slots if slots is not None else self.slots)
+        env.update(extra)
+        return env
+
+    def __call__(self, *args: str, timeout: float = DEFAULT_TIMEOUT, slots: int | None = None,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CLI, *args], env={**self.env(slots), **(env or {})}, cwd=self.cwd,
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+        )
+
+    def popen(self, *args: str, slots: int | None = None, sigint_default: bool = False,
+              merge_stderr: bool = False) -> subprocess.Popen[str]:
+        """Start the CLI without waiting. `sigint_default` restores SIGINT's default disposition
+        in the child, as a terminal's foreground job has it (a shell's background job, or a test
+        runner started with `&`, would otherwise pass SIGINT down as ignored)."""
+        preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sigint_default else None
+        return subprocess.Popen(
+            [*CLI, *args], env=self.env(slots), cwd=self.cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+            text=True, preexec_fn=preexec,
+        )
+
+    def ok(self, *args: str, timeout: float = DEFAULT_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        r = self(*args, timeout=timeout)
+        assert r.returncode == 0, f"gpufleet {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}"
+        return r
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.ok(*args).stdout)
+
+    def clusters(self, all_: bool = False) -> list[dict[str, Any]]:
+        return self.json("list", "--json", *(["--all"] if all_ else []))
+
+    def status(self, job: str) -> dict[str, Any]:
+        return self.json("status", job, "--json")
+
+    def wait_for_step(self, job: str, step: int = 1, timeout: float = 90.0,
+                      proc: subprocess.Popen[str] | None = None) -> dict[str, Any]:
+        """Poll `status --json` until the job's rank 0 has reported `step`."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                out, err = proc.communicate()
+                pytest.fail(f"gpufleet ended early ({proc.returncode}) waiting for {job}:\n{out}\n{err}")
+            r = self("status", job, "--json")
+            if r.returncode == 0:
+                last = json.loads(r.stdout)
+                if (last.get("step") or 0) >= step and last["status"] == "running":
+                    return last
+                if last["status"] not in ("starting", "running"):
+                    pytest.fail(f"job {job} ended while waiting for step {step}: {last}")
+            time.sleep(0.3)
+        pytest.fail(f"job {job} did not reach step {step} in {timeout}s: {last}")
+
+    def cleanup(self) -> list[str]:
+        """Stop every cluster (and so every job) of this home; return processes left behind."""
+        if (self.home / "state.db").exists():
+            try:
+                self("stop", "--all", timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        left = wait_no_leftovers(self.home)
+        for line in left:  # ours: started by this test under its own home
+            try:
+                psutil.Process(int(line.split(":", 1)[0])).kill()
+            except psutil.Error:
+                pass
+        return left
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("error:")]

@@ -1,0 +1,86 @@
+"""Bad input through the real CLI: one `error:` line naming the field, exit code 2, no traceback,
+and nothing left behind."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from fleet_helpers import WORKERS, Fleet, error_lines
+
+pytestmark = pytest.mark.integration
+
+WORKER = str(WORKERS / "argv_echo.py")
+LAUNCH = ("launch", "--gpu")
+
+# (id, argv, field named in the error, a hint the message must hold)
+CASES = [
+    ("unknown-gpu", [*LAUNCH, "H10", "-y"], "gpu", "did you mean"),
+    ("mixed-gpus", [*LAUNCH, "H100,A100", "-y"], "gpu", "mixed"),
+    ("count-129", [*LAUNCH, "cpu", "--count", "129", "-y"], "count", "128"),
+    ("count-0", [*LAUNCH, "cpu", "--count", "0", "-y"], "count", "at least 1"),
+    ("per-node-limit", [*LAUNCH, "cpu", "--count", "16", "-y"], "count", "per node"),
+    ("nvswitch-2-nodes", [*LAUNCH, "H100", "--count", "16", "--network", "nvswitch", "--nodes", "2",
+                          "-y"], "network", "nvswitch"),
+    ("bad-name", [*LAUNCH, "cpu", "--name", "Bad_Name", "-y"], "name", "Bad_Name"),
+    ("duplicate-name", [*LAUNCH, "cpu", "--name", "dup", "-y"], "name", "already exists"),
+    ("bad-disk", [*LAUNCH, "cpu", "--disk", "12XB", "-y"], "disk", "12XB"),
+    ("disk-too-big", [*LAUNCH, "cpu", "--disk", "999PB", "-y"], "disk", "free"),
+    ("unknown-price-book", [*LAUNCH, "cpu", "--price-book", "nope", "-y"], "price_book", "nope"),
+    ("unknown-strategy", ["run", "--gpu", "cpu", "--count", "1", "--strategy", "zero9", "-y", WORKER],
+     "strategy", "zero9"),
+    ("missing-script", ["run", "--gpu", "cpu", "--count", "1", "-y", "no_such_script.py"], "script",
+     "no_such_script.py"),
+    ("unknown-cluster", ["run", "--cluster", "ghost", "-y", WORKER], "cluster", "ghost"),
+    ("cluster-and-gpu", ["run", "--cluster", "dup", "--gpu", "cpu", "-y", WORKER], "cluster", "not both"),
+    ("bad-env", ["run", "--cluster", "dup", "-e", "NOEQUALS", "-y", WORKER], "env", "NOEQUALS"),
+    ("exec-unknown-cluster", ["exec", "ghost", "--", "true"], "cluster", "ghost"),
+    ("logs-unknown-job", ["logs", "ghost"], "job", "ghost"),
+    ("stop-unknown-name", ["stop", "ghost"], "name", "ghost"),
+    ("status-unknown-job", ["status", "ghost", "--json"], "job", "ghost"),
+]
+
+
+@pytest.mark.parametrize(("argv", "field", "hint"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_clear_error(fleet: Fleet, argv: list[str], field: str, hint: str) -> None:
+    if "dup" in argv:
+        fleet.ok("launch", "--gpu", "cpu", "--name", "dup", "-y")
+    r = fleet(*argv)
+    assert r.returncode == 2, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert "Traceback" not in r.stderr + r.stdout
+    [line] = error_lines(r.stderr)
+    assert f"{field}:" in line, line
+    assert hint.lower() in line.lower(), line
+    assert r.stdout == "", "a refused command prints nothing on stdout"
+
+
+def _reservations(home: Path) -> int:
+    with sqlite3.connect(home / "state.db") as db:
+        return db.execute("select count(*) from reservations").fetchone()[0]
+
+
+def test_refused_requests_leave_nothing_behind(fleet: Fleet) -> None:
+    refused = [
+        [*LAUNCH, "cpu", "--disk", "999PB", "--name", "huge", "-y"],
+        [*LAUNCH, "cpu", "--count", "16", "-y"],
+        [*LAUNCH, "H10", "-y"],
+        [*LAUNCH, "cpu", "--count", "3", "-y"],  # 2 slots
+        ["run", "--gpu", "cpu", "--count", "1", "--strategy", "zero9", "-y", WORKER],
+        ["run", "--gpu", "cpu", "--count", "3", "-y", WORKER],
+    ]
+    for argv in refused:
+        r = fleet(*argv)
+        assert r.returncode == 2, (argv, r.stderr)
+    assert fleet.clusters(all_=True) == []
+    assert _reservations(fleet.home) == 0
+    assert not (fleet.home / "clusters" / "huge").exists()
+    assert not (fleet.home / "jobs").exists() or not any((fleet.home / "jobs").iterdir())
+
+    # a refusal for lack of devices does not disturb the cluster that holds them
+    fleet.ok("launch", "--gpu", "cpu", "--count", "2", "--name", "held", "-y")
+    r = fleet("launch", "--gpu", "cpu", "--count", "1", "--name", "more", "-y")
+    assert r.returncode == 2
+    assert [c["name"] for c in fleet.clusters(all_=True)] == ["held"]
+    assert _reservations(fleet.home) == 2
+    assert not (fleet.home / "clusters" / "more").exists()
