@@ -123,10 +123,6 @@ def show_gpus(
 
 
 # -- clusters ------------------------------------------------------------------------------------
-def _cluster_spec(data: dict[str, Any]) -> ClusterSpec:
-    return ClusterSpec.parse(data)
-
-
 def _launch(spec: ClusterSpec, yes: bool, cpu_slots: int | None, for_job: str | None = None,
             quiet: bool = False) -> Cluster:
     from gpufleet import ui
@@ -143,14 +139,17 @@ def _launch(spec: ClusterSpec, yes: bool, cpu_slots: int | None, for_job: str | 
 
 @app.command()
 def launch(
-    gpu: Annotated[str, typer.Option("--gpu", help="GPU type, e.g. H100, A100, RTX4090, cpu.")],
-    count: Annotated[int, typer.Option("--count", help="Number of GPUs (1-128).")] = 1,
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", help="GPU type, e.g. H100, A100, RTX4090, cpu (required here or in -f).")] = None,
+    count: Annotated[int | None, typer.Option("--count", help="Number of GPUs (1-128) [default: 1].")] = None,
     network: Annotated[str | None, typer.Option(
         "--network", help="pcie, nvlink, nvswitch, infiniband or ethernet.")] = None,
-    disk: Annotated[str, typer.Option("--disk", help="Scratch space, e.g. 100GB, 1TB.")] = "1GB",
+    disk: Annotated[str | None, typer.Option(
+        "--disk", help="Scratch space, e.g. 100GB, 1TB [default: 1GB].")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Cluster name (DNS-like).")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", help="Nodes to spread over.")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="Where nodes come from.")] = "local",
+    backend: Annotated[str | None, typer.Option(
+        "--backend", help="Where nodes come from [default: local].")] = None,
     price_book: Annotated[str | None, typer.Option(
         "--price-book", help="Bill under this book [default: cheapest offering the GPU].")] = None,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Cluster YAML.")] = None,
@@ -162,7 +161,7 @@ def launch(
     data: dict[str, Any] = load_yaml(file) if file else {}
     flags = {"gpu": gpu, "count": count, "network": network, "disk": disk, "name": name,
              "nodes": nodes, "backend": backend, "price_book": price_book}
-    spec = _cluster_spec({**data, **{k: v for k, v in flags.items() if v is not None}})
+    spec = ClusterSpec.parse({**data, **{k: v for k, v in flags.items() if v is not None}})
     cluster = _launch(spec, yes, cpu_slots, quiet=as_json)
     if as_json:
         _print_json(_cluster_dict(_store(), cluster, time.time(), _backend(cpu_slots).discover()))
@@ -333,14 +332,15 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None) -> N
     from gpufleet.supervise import jobs
 
     store = _store()
+    spec = spec.model_copy(update={"name": jobs.job_name_for(spec)})  # fixed once, used twice
+    assert spec.name is not None
     made_here = isinstance(spec.cluster, ClusterSpec)
     if isinstance(spec.cluster, ClusterSpec):
         cspec = spec.cluster
         if cspec.name is None:
             cspec = cspec.model_copy(update={"name": clusters.new_name("run")})
-        jobs.check_name_free(store, jobs.job_name_for(spec))
-        cluster = _launch(cspec, yes, cpu_slots, for_job=jobs.job_name_for(spec))
-        spec = spec.model_copy(update={"name": cluster.for_job})
+        jobs.check_name_free(store, spec.name)
+        cluster = _launch(cspec, yes, cpu_slots, for_job=spec.name)
     else:
         assert spec.cluster is not None
         cluster = clusters.get(store, spec.cluster)

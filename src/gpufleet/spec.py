@@ -59,6 +59,7 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
+_REQUIRED_HINTS = {"gpu": " (e.g. --gpu H100 or --gpu cpu; `gpufleet prices` lists the types)"}
 _RANGE_HINTS = {"count": f" (1 to {MAX_GPUS_PER_JOB} GPUs per job)"}
 
 
@@ -69,6 +70,8 @@ def _errors(exc: ValidationError) -> list[tuple[str, str]]:
         msg = str(e["msg"]).removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
+        elif e["type"] == "missing":
+            msg = "is required" + _REQUIRED_HINTS.get(field, "")
         elif e["type"] in ("less_than_equal", "greater_than_equal"):
             lo_hi = "at most" if e["type"] == "less_than_equal" else "at least"
             bound = e["ctx"]["le" if e["type"] == "less_than_equal" else "ge"]
