@@ -108,6 +108,9 @@ class Supervisor:
             self.error = f"could not run the job: {exc}"
             code = None
         finally:
+            if threading.current_thread() is threading.main_thread():
+                # a second Ctrl-C must not cut the clean-up short and leave workers behind
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             if handle is not None and self.backend.poll(handle) is None:
                 self.backend.kill_tree(handle)
             _end_descendants()
@@ -118,6 +121,8 @@ class Supervisor:
             sock.close()
         self._finish(code, sink)
         sink.close()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         return jobs.get(self.store, self.job.name)
 
     def _watch(self, handle: Handle, sock: socket.socket) -> int | None:
