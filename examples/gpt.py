@@ -220,18 +220,19 @@ def main() -> None:
         optim.step()
 
         log_now = step == 1 or step % args.log_every == 0 or step == args.steps
-        if log_now and ctx.world_size > 1:
-            # Only log steps pay for an extra all-reduce; other steps report the local loss.
+        if log_now:
+            # Only log steps read the loss: .item() waits for the GPU, and the average across
+            # ranks costs an extra all-reduce. Other steps report progress without a loss.
             avg = loss.detach().clone()
-            dist.all_reduce(avg, op=dist.ReduceOp.AVG)
+            if ctx.world_size > 1:
+                dist.all_reduce(avg, op=dist.ReduceOp.AVG)
             loss_value = avg.item()
-        else:
-            loss_value = loss.item()
         t2 = time.perf_counter()
         window_samples += global_batch
         if args.trace is not None and ctx.is_main:
             trace.append(f'{{"step": {step}, "t": {time.time()!r}, "samples": {global_batch}}}')
-        train.report(step, loss=loss_value, samples=global_batch, total_steps=args.steps,
+        train.report(step, loss=loss_value if log_now else None, samples=global_batch,
+                     total_steps=args.steps,
                      step_time_seconds=t2 - t0, data_time_seconds=t1 - t0,
                      lr=optim.param_groups[0]["lr"])
         if log_now and ctx.is_main:

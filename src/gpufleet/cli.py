@@ -166,18 +166,18 @@ def launch(
     if as_json:
         _print_json(_cluster_dict(_store(), cluster, time.time(), _backend(cpu_slots).discover()))
         return
-    ids = clusters.device_ids(_store(), cluster.id)
+    ids = clusters.device_ids(_store(), cluster)
     out.print(f"Cluster [bold]{cluster.name}[/]: {cluster.count} x {cluster.gpu} "
               f"({', '.join(ids)}) over {cluster.network}. "
               f"Run a job: gpufleet run --cluster {cluster.name} SCRIPT")
 
 
 def _cluster_dict(store: Store, c: Cluster, now: float, nodes: list[Any]) -> dict[str, Any]:
-    with store.session() as s:
+    with store.read() as s:
         job = s.scalar(select(Job).where(Job.cluster_id == c.id).order_by(Job.id.desc()))
     return {
         "name": c.name, "gpu": c.gpu, "count": c.count, "nodes": c.nodes,
-        "devices": clusters.device_ids(store, c.id), "topology": c.network,
+        "devices": clusters.device_ids(store, c), "topology": c.network,
         "health": clusters.health(c, clusters.placements(store, c), nodes), "status": c.status,
         "price_book": c.price_book, "usd_per_hour": c.usd_per_hour,
         "age_s": now - c.created_at,
@@ -222,13 +222,13 @@ def list_(
 
 
 def _cluster_env(store: Store, cluster: Cluster) -> dict[str, str]:
+    """The environment a job on this cluster would get (devices pinned, presets), for a shell."""
     from gpufleet.launch.env import device_env
+    from gpufleet.launch.torchrun import merge_env
 
     placement = clusters.placements(store, cluster)[0]
-    env = dict(os.environ)
-    env.update(device_env(placement, cluster.network, os.cpu_count() or 1))
-    env["GPUFLEET_CLUSTER"] = cluster.name
-    return env
+    preset = device_env(placement, cluster.network, os.cpu_count() or 1)
+    return merge_env(dict(os.environ), {**preset, "GPUFLEET_CLUSTER": cluster.name}, {})
 
 
 def _run_in_cluster(name: str, command: list[str], cwd: Path | None) -> int:
@@ -239,9 +239,10 @@ def _run_in_cluster(name: str, command: list[str], cwd: Path | None) -> int:
     env = _cluster_env(store, cluster)
     argv = command or [os.environ.get("SHELL") or "/bin/bash"]
     try:
-        return subprocess.call(argv, env=env, cwd=cwd or Path(cluster.scratch_dir))
-    except FileNotFoundError:
-        raise SpecError([("command", f"not found: {argv[0]}")]) from None
+        code = subprocess.call(argv, env=env, cwd=cwd or Path(cluster.scratch_dir))
+    except OSError as exc:  # not found, not executable, ...
+        raise SpecError([("command", f"cannot run {argv[0]}: {exc.strerror or exc}")]) from None
+    return 128 - code if code < 0 else code  # killed by signal N: 128+N, as a shell reports
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -340,6 +341,7 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None) -> N
         if cspec.name is None:
             cspec = cspec.model_copy(update={"name": clusters.new_name("run")})
         jobs.check_name_free(store, spec.name)
+        jobs.check_workers(spec, cspec.per_node, cspec.name or "")
         cluster = _launch(cspec, yes, cpu_slots, for_job=spec.name)
     else:
         assert spec.cluster is not None
@@ -355,28 +357,30 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None) -> N
                           cluster_id=cluster.id)
         raise
     if detach:
-        _start_detached(job)
+        jobs.set_supervisor(store, job.id, _start_detached(job))
         out.print(f"Job [bold]{job.name}[/] started on {cluster.name} in the background.\n"
                   f"  follow:  gpufleet logs {job.name} -f\n  status:  gpufleet status {job.name}"
                   f"\n  stop:    gpufleet stop {job.name}")
         return
-    final = _foreground(store, job, cluster)
+    jobs.set_supervisor(store, job.id, os.getpid())  # this process supervises it
+    final, interrupted = _foreground(store, job, cluster)
     if final.status == "succeeded":
         raise typer.Exit(0)
-    # 130 is what a shell reports for a command ended by Ctrl-C
-    raise typer.Exit(130 if final.reason and "Ctrl-C" in final.reason else 1)
+    raise typer.Exit(130 if interrupted else 1)  # 130: what a shell reports after Ctrl-C
 
 
-def _start_detached(job: Job) -> None:
-    log = open(Path(job.job_dir) / "supervisor.log", "ab")  # noqa: SIM115
-    subprocess.Popen(
-        [sys.executable, "-m", "gpufleet.supervise.supervisor", job.name],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    log.close()
+def _start_detached(job: Job) -> int:
+    """Start the job's own supervisor process; its pid."""
+    with open(Path(job.job_dir) / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet.supervise.supervisor", job.name],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    return proc.pid
 
 
-def _foreground(store: Store, job: Job, cluster: Cluster) -> Job:
+def _foreground(store: Store, job: Job, cluster: Cluster) -> tuple[Job, bool]:
+    """Supervise the job in this process with a live view; (final job, ended by Ctrl-C)."""
     from gpufleet import ui
     from gpufleet.supervise.supervisor import Supervisor
 
@@ -402,10 +406,12 @@ def _foreground(store: Store, job: Job, cluster: Cluster) -> Job:
 
         sup = Supervisor(store, job, cluster, _backend(), on_tick=on_tick, on_line=on_line)
         final = sup.run()
-    view = sup.view()
-    out.print(ui.summary_table(view))
-    out.print(f"Logs: gpufleet logs {final.name}   (per rank: {final.job_dir}/logs)")
-    return final
+    try:
+        out.print(ui.summary_table(sup.view()))
+        out.print(f"Logs: gpufleet logs {final.name}   (per rank: {final.job_dir}/logs)")
+    except BrokenPipeError:  # `gpufleet run ... | head`: the job's outcome still sets the exit code
+        _silence_stdout()
+    return final, sup.interrupted
 
 
 @app.command()
@@ -433,12 +439,7 @@ def logs(
             sys.stdout.flush()
         if not follow:
             return
-        now = jobs.get(store, job)
-        if now.status in jobs.ACTIVE and now.supervisor_pid is not None \
-                and not jobs.supervisor_alive(now):
-            jobs.reconcile(store)  # its supervisor died: record that, then stop following
-            now = jobs.get(store, job)
-        if now.status not in jobs.ACTIVE:
+        if jobs.refresh(store, job).status not in jobs.ACTIVE:
             if path.exists() and path.stat().st_size > pos:
                 continue
             return
@@ -459,7 +460,7 @@ def status(
     store = _store()
 
     def current() -> Any:
-        j = jobs.get(store, job)
+        j = jobs.refresh(store, job)
         with store.session() as s:
             c = s.get(Cluster, j.cluster_id)
         assert c is not None
@@ -472,14 +473,13 @@ def status(
                           for e in jobs.events(store, j.id)]
         _print_json(data)
         return
-    if watch and view.status in ("starting", "running"):
+    if watch and view.status in jobs.ACTIVE:
         with Live(ui.job_panel(view), console=out, refresh_per_second=2) as live:
-            while view.status in ("starting", "running"):
+            while view.status in jobs.ACTIVE:
                 time.sleep(0.5)
                 j, view = current()
                 live.update(ui.job_panel(view))
-    out.print(ui.summary_table(view) if view.status not in ("starting", "running")
-              else ui.job_panel(view))
+    out.print(ui.summary_table(view) if view.status not in jobs.ACTIVE else ui.job_panel(view))
     t = Table(title="Events", title_justify="left")
     for col in ("time", "event", "reason"):
         t.add_column(col)
@@ -491,16 +491,22 @@ def status(
 def _stop_job(store: Store, j: Job, timeout_s: float = 30.0) -> None:
     from gpufleet.supervise import jobs
 
+    j = jobs.refresh(store, j.name)  # as it is now, not as `stop` first read it
     if j.status not in jobs.ACTIVE:
         return
-    if j.supervisor_pid is None or not jobs.supervisor_alive(j):
-        jobs.transition(store, j.id, "stopped", f"{jobs.STOP_REQUESTED}; no supervisor was running")
+    if j.supervisor_pid is None:  # created a moment ago: its supervisor sees this and backs off
+        jobs.transition(store, j.id, "stopped", f"{jobs.STOP_REQUESTED} before it started",
+                        expect=("starting",))
         return
     jobs.mark_stop_requested(store, j.id)
-    os.kill(j.supervisor_pid, signal.SIGTERM)
+    try:
+        os.kill(j.supervisor_pid, signal.SIGTERM)
+    except ProcessLookupError:  # it ended between our look and the signal
+        jobs.reconcile(store)
+        return
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        if jobs.get(store, j.name).status not in jobs.ACTIVE:
+        if jobs.refresh(store, j.name).status not in jobs.ACTIVE:
             return
         time.sleep(0.2)
     raise ConflictError(f"job {j.name}: the supervisor (pid {j.supervisor_pid}) did not stop "
@@ -546,9 +552,18 @@ def stop(
         out.print("No running clusters.")
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null after its reader went away, so exiting does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main() -> None:
     try:
         app()
+    except BrokenPipeError:  # `gpufleet list | head -1`: the reader has all it wanted
+        _silence_stdout()
+        sys.exit(1)
     except GpufleetError as e:
         err.print(Text.assemble(("error: ", "bold red"), str(e)), highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)

@@ -6,12 +6,10 @@ stopped, and jobs run on it as supervised process trees.
 
 from __future__ import annotations
 
-import json
 import secrets
 import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -107,7 +105,7 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
 
 
 def get(store: Store, name: str) -> Cluster:
-    with store.session() as s:
+    with store.read() as s:
         # the running cluster of that name, else the latest stopped one
         c = s.scalar(select(Cluster).where(Cluster.name == name)
                      .order_by(Cluster.status.in_(ACTIVE).desc(), Cluster.id.desc()))
@@ -121,7 +119,7 @@ def get(store: Store, name: str) -> Cluster:
 def placements(store: Store, cluster: Cluster) -> list[Placement]:
     """The cluster's reserved devices grouped by node, rebuilt from the store alone so a
     detached supervisor needs no view of the pool."""
-    with store.session() as s:
+    with store.read() as s:
         rows = s.scalars(select(Reservation).where(Reservation.cluster_id == cluster.id)
                          .order_by(Reservation.node_id, Reservation.device_index)).all()
     out: dict[str, list[Reservation]] = {}
@@ -135,11 +133,8 @@ def placements(store: Store, cluster: Cluster) -> list[Placement]:
     ]
 
 
-def device_ids(store: Store, cluster_id: int) -> list[str]:
-    with store.session() as s:
-        return list(s.scalars(select(Reservation.device_id)
-                              .where(Reservation.cluster_id == cluster_id)
-                              .order_by(Reservation.device_index)).all())
+def device_ids(store: Store, cluster: Cluster) -> list[str]:
+    return [d.id for p in placements(store, cluster) for d in p.devices]
 
 
 def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: int | None = None) -> Cluster:
@@ -165,17 +160,10 @@ def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: i
 
 
 def running_job(store: Store, cluster_id: int) -> Job | None:
-    with store.session() as s:
-        return s.scalar(select(Job).where(Job.cluster_id == cluster_id,
-                                          Job.status.in_(("starting", "running"))))
+    from gpufleet.supervise.jobs import ACTIVE as JOB_ACTIVE
 
-
-def spec_of(cluster: Cluster) -> ClusterSpec:
-    return ClusterSpec.model_validate(json.loads(cluster.spec_json))
-
-
-def scratch_path(cluster: Cluster) -> Path:
-    return Path(cluster.scratch_dir)
+    with store.read() as s:
+        return s.scalar(select(Job).where(Job.cluster_id == cluster_id, Job.status.in_(JOB_ACTIVE)))
 
 
 def health(cluster: Cluster, reserved: list[Placement], nodes: list[Node]) -> str:
@@ -183,6 +171,8 @@ def health(cluster: Cluster, reserved: list[Placement], nodes: list[Node]) -> st
     (a GPU gone from NVML, a node lost, a device reported unhealthy)."""
     if cluster.status not in ACTIVE:
         return "-"
+    if cluster.gpu == "cpu":
+        return "ok"  # CPU slots are a count we chose (--cpu-slots), not devices that can vanish
     by_node = {n.id: n for n in nodes}
     problems = []
     for p in reserved:

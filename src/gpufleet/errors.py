@@ -5,7 +5,6 @@
     +-- NotFoundError             a cluster or job name that does not exist
     +-- ConflictError             a name already taken, a cluster busy or already stopped
     +-- AllocationError           the pool cannot satisfy a request; says what is free
-    +-- LaunchError               something needed to start processes is missing
 
 Anything else reaching the CLI is a bug and is shown as such.
 """
@@ -36,8 +35,4 @@ class ConflictError(GpufleetError):
 
 
 class AllocationError(GpufleetError):
-    pass
-
-
-class LaunchError(GpufleetError):
     pass

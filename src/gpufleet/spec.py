@@ -20,12 +20,8 @@ from gpufleet.errors import SpecError
 
 MAX_GPUS_PER_JOB = 128  # seed 000: up to 128 GPUs per job (16 nodes x 8)
 MAX_GPUS_PER_NODE = 8
-NETWORKS = ("pcie", "nvlink", "nvswitch", "infiniband", "ethernet")
+NETWORKS = ("pcie", "nvlink", "nvswitch", "infiniband", "ethernet")  # = ClusterSpec.network's Literal
 INTER_NODE_NETWORKS = ("infiniband", "ethernet")
-BACKENDS = ("local",)
-STRATEGIES = ("ddp",)
-PRECISIONS = ("fp32",)
-FRAMEWORKS = ("torchrun",)
 DEFAULT_DISK = "1GB"
 
 _NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
@@ -59,6 +55,9 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
+# Variables gpufleet sets for every worker; a job's `env` may not change them.
+_OWNED_ENV = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"}
 _REQUIRED_HINTS = {"gpu": " (e.g. --gpu H100 or --gpu cpu; `gpufleet prices` lists the types)"}
 _RANGE_HINTS = {"count": f" (1 to {MAX_GPUS_PER_JOB} GPUs per job)"}
 
@@ -257,6 +256,10 @@ class JobSpec(_Spec):
         bad = [k for k in v if not _ENV_RE.fullmatch(k)]
         if bad:
             raise ValueError(f"invalid variable name(s) {', '.join(bad)}: use letters, digits, '_'")
+        owned = [k for k in v if k in _OWNED_ENV or k.startswith("GPUFLEET_")]
+        if owned:
+            raise ValueError(f"{', '.join(owned)} set by gpufleet (device pinning and job wiring); "
+                             "pick devices with the cluster instead")
         return {k: str(val) for k, val in v.items()}
 
     @field_validator("script")
@@ -287,9 +290,13 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a job or cluster YAML file into a plain dict for `parse`."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SpecError([("file", f"no such file: {p}")]) from None
+    except OSError as exc:
+        raise SpecError([("file", f"cannot read {p}: {exc.strerror or exc}")]) from None
+    except UnicodeDecodeError:
+        raise SpecError([("file", f"{p} is not UTF-8 text")]) from None
     except yaml.YAMLError as exc:
         raise SpecError([("file", f"{p} is not valid YAML: {str(exc).splitlines()[0]}")]) from None
     if not isinstance(data, dict):

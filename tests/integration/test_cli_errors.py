@@ -39,6 +39,12 @@ CASES = [
     ("logs-unknown-job", ["logs", "ghost"], "job", "ghost"),
     ("stop-unknown-name", ["stop", "ghost"], "name", "ghost"),
     ("status-unknown-job", ["status", "ghost", "--json"], "job", "ghost"),
+    ("env-pins-devices", ["run", "--cluster", "dup", "-e", "CUDA_VISIBLE_DEVICES=0", "-y", WORKER],
+     "env", "CUDA_VISIBLE_DEVICES"),
+    ("too-many-workers", ["run", "--gpu", "cpu", "--count", "1", "--workers-per-node", "2", "-y",
+                          WORKER], "workers_per_node", "1 to 1"),
+    ("yaml-is-a-folder", [*LAUNCH, "cpu", "-f", ".", "-y"], "file", "cannot read"),
+    ("exec-not-executable", ["exec", "dup", "--", "/etc/hostname"], "command", "cannot run"),
 ]
 
 
@@ -53,6 +59,7 @@ def test_bad_input_is_one_clear_error(fleet: Fleet, argv: list[str], field: str,
     assert f"{field}:" in line, line
     assert hint.lower() in line.lower(), line
     assert r.stdout == "", "a refused command prints nothing on stdout"
+    assert "Quote" not in r.stderr, "refused before a quote is shown"
 
 
 def _reservations(home: Path) -> int:

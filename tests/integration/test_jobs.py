@@ -129,7 +129,7 @@ def test_ctrl_c_stops_a_foreground_job(fleet: Fleet) -> None:
     finally:
         end(proc)
     assert took < 15, f"Ctrl-C took {took:.1f}s"
-    assert proc.returncode != 0
+    assert proc.returncode == 130, "a shell reports 130 for a command ended by Ctrl-C"
     assert not wait_no_leftovers(fleet.home, SLEEPER, timeout=2), "workers survived Ctrl-C"
 
     s = fleet.status("sleepy")
@@ -186,6 +186,40 @@ def test_killed_supervisor_ends_follow_and_workers(fleet: Fleet) -> None:
         _kill_leftovers(fleet.home)
     assert not followed_on, "logs -f still following 8 s after the supervisor died"
     assert not left, f"workers outlived their supervisor: {left}"
+    s = fleet.status("orphan")
+    assert s["status"] == "interrupted"
+    assert fleet.clusters() == [], "the job's own cluster is freed"
+
+
+def test_stop_right_after_a_detached_start_is_not_undone(fleet: Fleet) -> None:
+    """`stop` may land before the supervisor has started torchrun: whichever wins, the job ends
+    stopped, stays stopped, and nothing runs on the freed devices."""
+    fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "racy", "-y", SLEEPER, timeout=30)
+    fleet.ok("stop", "racy", timeout=60)
+    time.sleep(3)  # time for a supervisor that lost the race to (wrongly) carry on
+    s = fleet.status("racy")
+    kinds = [e["kind"] for e in s["events"]]
+    assert s["status"] == "stopped", kinds
+    assert kinds[-1] == "stopped" and kinds.count("stopped") == 1, kinds
+    assert fleet.clusters() == []
+    assert not wait_no_leftovers(fleet.home, SLEEPER, timeout=5)
+
+
+def test_output_pipe_closed_early_does_not_hang_the_job(fleet: Fleet) -> None:
+    """`gpufleet run ... | head -3`: the reader goes away, the job still runs to its end."""
+    proc = fleet.popen("run", "--gpu", "cpu", "--count", "2", "--name", "piped", "-y", MLP, "--",
+                       "--steps", "40", "--log-every", "1", merge_stderr=True)
+    assert proc.stdout is not None
+    for _ in range(3):
+        proc.stdout.readline()
+    proc.stdout.close()
+    try:
+        proc.wait(timeout=90)
+    finally:
+        end(proc)
+    assert proc.returncode == 0
+    s = fleet.status("piped")
+    assert s["status"] == "succeeded" and s["step"] == 40
 
 
 def test_crashing_rank_fails_the_job_with_its_error(fleet: Fleet) -> None:

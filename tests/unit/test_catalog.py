@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import typing
 from importlib import resources
 
 import pytest
@@ -12,7 +13,7 @@ from gpufleet import catalog
 from gpufleet.errors import SpecError
 from gpufleet.launch.env import NCCL_BY_FABRIC
 from gpufleet.pool.model import FABRIC_LEVEL
-from gpufleet.spec import INTER_NODE_NETWORKS, NETWORKS
+from gpufleet.spec import INTER_NODE_NETWORKS, NETWORKS, ClusterSpec
 
 CSV_FILES = ("gpus.csv", "interconnects.csv", "prices.csv")
 
@@ -101,6 +102,8 @@ def test_interconnect_names_exactly() -> None:
 def test_interconnects_agree_with_spec_allocator_and_nccl_presets() -> None:
     names = set(catalog.interconnects())
     assert names == set(NETWORKS)
+    network_field = ClusterSpec.model_fields["network"].annotation
+    assert set(typing.get_args(typing.get_args(network_field)[0])) == set(NETWORKS)
     assert names == set(NCCL_BY_FABRIC)
     assert {n for n, ic in catalog.interconnects().items() if ic.scope == "inter-node"} == set(
         INTER_NODE_NETWORKS)

@@ -26,10 +26,13 @@ ADDRESS = "127.0.0.1"
 
 
 def cpu_slot_count(cpu_slots: int | None = None) -> int:
+    """Slots asked for (option, then environment), else the cores, capped at the job limit."""
     if cpu_slots is not None:
         value: int | str = cpu_slots
+    elif os.environ.get("GPUFLEET_CPU_SLOTS"):
+        value = os.environ["GPUFLEET_CPU_SLOTS"]
     else:
-        value = os.environ.get("GPUFLEET_CPU_SLOTS", "") or (os.cpu_count() or 1)
+        return max(1, min(os.cpu_count() or 1, 128))
     try:
         n = int(value)
     except ValueError:
@@ -132,8 +135,7 @@ class LocalBackend:
             inter_fabric=None, free_disk_bytes=shutil.disk_usage(disk_path).free,
         )]
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: Path,
-              pass_fds: tuple[int, ...] = ()) -> Handle:
+    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
         """Start `argv` (never through a shell) in a new session, merging stderr into stdout.
 
         The process gets SIGTERM if its parent (the supervisor) dies, however it dies: torchrun
@@ -142,8 +144,7 @@ class LocalBackend:
         """
         proc = subprocess.Popen(
             argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds,
-            preexec_fn=_term_on_parent_death,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_term_on_parent_death,
         )
         return Handle(proc)
 

@@ -17,15 +17,20 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpufleet.errors import ConflictError
 from gpufleet.store.models import Base
 
 
 def gpufleet_home() -> Path:
     """The state folder: $GPUFLEET_HOME or ~/.gpufleet, created owner-only (0700)."""
     home = Path(os.environ.get("GPUFLEET_HOME") or Path.home() / ".gpufleet").expanduser()
-    for folder in (home, home / "jobs", home / "clusters"):
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        folder.chmod(0o700)
+    try:
+        for folder in (home, home / "jobs", home / "clusters"):
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            folder.chmod(0o700)
+    except OSError as exc:
+        raise ConflictError(f"GPUFLEET_HOME: cannot use {home} as a private state folder: "
+                            f"{exc.strerror or exc}") from None
     return home
 
 
@@ -40,7 +45,10 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 
 def _sqlite_begin(conn: Any) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # Reads take no write lock (WAL lets them run beside a writer); writes take it up front, so
+    # two writers queue on busy_timeout instead of failing when one upgrades a read lock.
+    conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get("readonly") else
+                         "BEGIN IMMEDIATE")
 
 
 class Store:
@@ -60,10 +68,19 @@ class Store:
             event.listen(self.engine, "begin", _sqlite_begin)
         Base.metadata.create_all(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._reads = sessionmaker(self.engine.execution_options(readonly=True),
+                                   expire_on_commit=False)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
+        """A write transaction (serialized with every other writer)."""
         with self._sessions() as s, s.begin():
+            yield s
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only transaction: a consistent snapshot that never waits for writers."""
+        with self._reads() as s, s.begin():
             yield s
 
     def close(self) -> None:

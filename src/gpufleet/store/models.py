@@ -72,6 +72,7 @@ class Job(Base):
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     first_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     samples_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_step: Mapped[int | None] = mapped_column(Integer, nullable=True)  # first step reported
     first_step_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_report_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import secrets
 import time
 from pathlib import Path
 
@@ -26,7 +26,7 @@ def job_name_for(spec: JobSpec) -> str:
     stem = (stem or "job")[:24]
     if not stem[0].isalpha():
         stem = "job-" + stem
-    return check_name(f"{stem}-{os.urandom(2).hex()}", "job")
+    return check_name(f"{stem}-{secrets.token_hex(2)}", "job")
 
 
 def check_name_free(store: Store, name: str) -> None:
@@ -35,13 +35,16 @@ def check_name_free(store: Store, name: str) -> None:
             raise ConflictError(f"name: a job named '{name}' already exists; pick another name")
 
 
-def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Job:
-    name = job_name_for(spec)
-    per_node = cluster.count // cluster.nodes
+def check_workers(spec: JobSpec, per_node: int, cluster_name: str) -> None:
     if spec.workers_per_node is not None and spec.workers_per_node > per_node:
         raise SpecError([("workers_per_node", f"{spec.workers_per_node} workers per node need as "
-                          f"many devices, but cluster {cluster.name} has {per_node} per node; use "
+                          f"many devices, but cluster {cluster_name} has {per_node} per node; use "
                           f"1 to {per_node}")])
+
+
+def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Job:
+    name = job_name_for(spec)
+    check_workers(spec, cluster.count // cluster.nodes, cluster.name)
     job_dir = gpufleet_home() / "jobs" / name
     with store.session() as s:
         if s.scalar(select(Job).where(Job.name == name)) is not None:
@@ -50,7 +53,7 @@ def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Jo
         if busy is not None:
             raise ConflictError(f"cluster: '{cluster.name}' is busy with job '{busy.name}'; wait "
                                 f"for it, stop it (gpufleet stop {busy.name}) or use another cluster")
-        job = Job(name=name, cluster_id=cluster.id, status="starting",
+        job = Job(name=name, cluster_id=cluster.id, status="starting",  # pid set by the caller
                   spec_json=spec.model_dump_json(), job_dir=str(job_dir),
                   world_size=world_size, created_at=time.time(), samples=0)
         s.add(job)
@@ -61,25 +64,56 @@ def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Jo
     return job
 
 
-def transition(store: Store, job_id: int, status: str, reason: str = "", **fields: object) -> None:
+def transition(store: Store, job_id: int, status: str, reason: str = "",
+               expect: tuple[str, ...] = ACTIVE, fields: dict[str, object] | None = None) -> bool:
+    """Move a job to `status` if it is still in one of `expect`; False (and no change) if not.
+
+    Compare-and-set in one write transaction, so a `stop` and a starting supervisor cannot undo
+    each other: whoever comes second sees the other's status and backs off.
+    """
     now = time.time()
     with store.session() as s:
         job = s.get(Job, job_id)
-        if job is None:
-            return
+        if job is None or job.status not in expect:
+            return False
         job.status = status
         if status == "running" and job.started_at is None:
             job.started_at = now
         if status in FINAL:
             job.ended_at = now
             job.reason = reason or job.reason
-        for k, v in fields.items():
+        for k, v in (fields or {}).items():
             setattr(job, k, v)
         s.add(Event(job_id=job_id, time=now, kind=status, reason=reason))
+        return True
+
+
+def begin_running(store: Store, job_id: int, cluster_id: int, reason: str) -> bool:
+    """starting -> running, only if nobody stopped the job or its cluster meanwhile."""
+    from gpufleet.clusters import ACTIVE as CLUSTER_ACTIVE
+
+    with store.session() as s:
+        cluster = s.get(Cluster, cluster_id)
+        if cluster is None or cluster.status not in CLUSTER_ACTIVE:
+            return False
+    return transition(store, job_id, "running", reason, expect=("starting",))
+
+
+def set_supervisor(store: Store, job_id: int, pid: int) -> None:
+    """Record the supervisor's pid and start time as soon as it exists, so a job whose
+    supervisor dies at any point, even before it starts workers, is found by `reconcile`."""
+    try:
+        started: float | None = psutil.Process(pid).create_time()
+    except psutil.Error:
+        started = None
+    with store.session() as s:
+        job = s.get(Job, job_id)
+        if job is not None:
+            job.supervisor_pid, job.supervisor_started = pid, started
 
 
 def get(store: Store, name: str) -> Job:
-    with store.session() as s:
+    with store.read() as s:
         job = s.scalar(select(Job).where(Job.name == name))
         if job is None:
             recent = s.scalars(select(Job.name).order_by(Job.id.desc()).limit(5)).all()
@@ -88,7 +122,7 @@ def get(store: Store, name: str) -> Job:
 
 
 def events(store: Store, job_id: int) -> list[Event]:
-    with store.session() as s:
+    with store.read() as s:
         return list(s.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)).all())
 
 
@@ -108,18 +142,31 @@ def supervisor_alive(job: Job) -> bool:
 
 
 def reconcile(store: Store) -> None:
-    """Mark jobs whose supervisor died as interrupted and free clusters made only for them."""
+    """Mark jobs whose supervisor died as interrupted and free clusters made only for them
+    (unless the job asked to keep its cluster)."""
     from gpufleet import clusters
 
-    with store.session() as s:
+    with store.read() as s:
         stale = [j for j in s.scalars(select(Job).where(Job.status.in_(ACTIVE))).all()
                  if j.supervisor_pid is not None and not supervisor_alive(j)]
     for job in stale:
-        transition(store, job.id, "interrupted", "the supervisor process is gone")
-        with store.session() as s:
+        if not transition(store, job.id, "interrupted", "the supervisor process is gone"):
+            continue
+        with store.read() as s:
             c = s.get(Cluster, job.cluster_id)
-        if c is not None and c.for_job == job.name and c.status in clusters.ACTIVE:
+        if c is not None and c.for_job == job.name and c.status in clusters.ACTIVE \
+                and not spec_of(job).keep:
             clusters.stop(store, c.name, reason=f"job {job.name} ended", cluster_id=c.id)
+
+
+def refresh(store: Store, name: str) -> Job:
+    """The job as it is now: if its supervisor died, that is recorded first (for followers such
+    as `logs -f` and `status --watch`, which would otherwise wait forever)."""
+    job = get(store, name)
+    if job.status in ACTIVE and job.supervisor_pid is not None and not supervisor_alive(job):
+        reconcile(store)
+        job = get(store, name)
+    return job
 
 
 def mark_stop_requested(store: Store, job_id: int) -> None:

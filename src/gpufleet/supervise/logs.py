@@ -37,7 +37,8 @@ class LogSink:
     def __init__(self, job_dir: Path, world_size: int = 0):
         self.dir = job_dir / "logs"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.combined: IO[str] = open(job_dir / "job.log", "a", buffering=1)  # noqa: SIM115
+        self.combined: IO[str] = open(  # noqa: SIM115
+            job_dir / "job.log", "a", buffering=1, encoding="utf-8", errors="replace")
         self.files: dict[int | None, IO[str]] = {}
         self.tails: dict[int | None, deque[str]] = {}
         for rank in range(world_size):  # a rank that never prints still has a (empty) log
@@ -54,7 +55,8 @@ class LogSink:
         f = self.files.get(rank)
         if f is None:
             name = "agent.log" if rank is None else f"rank{rank}.log"
-            f = self.files[rank] = open(self.dir / name, "a", buffering=1)  # noqa: SIM115
+            f = self.files[rank] = open(  # noqa: SIM115
+                self.dir / name, "a", buffering=1, encoding="utf-8", errors="replace")
         return f
 
     def tail(self, rank: int | None) -> list[str]:

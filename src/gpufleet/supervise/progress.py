@@ -14,6 +14,7 @@ class Report:
     samples: int | None = None
     loss: float | None = None
     total_steps: int | None = None
+    samples_total: int | None = None  # the worker's running total: exact even if reports drop
 
 
 class Throughput:
@@ -30,7 +31,10 @@ class Throughput:
         self.first: tuple[float, int, int] | None = None
 
     def add(self, r: Report) -> None:
-        self.total_samples += r.samples or 0
+        if r.samples_total is not None:
+            self.total_samples = r.samples_total
+        else:
+            self.total_samples += r.samples or 0
         point = (r.t, r.step, self.total_samples)
         if self.first is None:
             self.first = point

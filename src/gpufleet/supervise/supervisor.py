@@ -6,6 +6,7 @@ way the store is the only thing other commands read, so `status`, `list` and `lo
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -15,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,6 @@ import psutil
 
 from gpufleet import clusters
 from gpufleet.backends.local import Handle, LocalBackend, kill
-from gpufleet.errors import GpufleetError
 from gpufleet.launch.torchrun import JobContext, build_torchrun, merge_env
 from gpufleet.store import Cluster, Job, Metric, Store
 from gpufleet.supervise import jobs
@@ -32,6 +33,7 @@ from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.view import JobView, job_view
 
 FLUSH_EVERY_S = 1.0
+_NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total")
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -52,6 +54,7 @@ class Supervisor:
         self.spec = jobs.spec_of(job)
         self.on_tick, self.on_line = on_tick, on_line
         self.stop_reason: str | None = None
+        self.interrupted = False  # ended by Ctrl-C
         self.error: str | None = None
         self.throughput = Throughput()
         self.pending_metrics: list[Metric] = []
@@ -69,19 +72,26 @@ class Supervisor:
 
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> Job:
+        """Run the job to its end and record the outcome; never raises for a job's failure.
+
+        Whatever happens in here (workers crash, the user stops the job, the supervisor itself
+        hits an error), the workers are ended, the devices of a cluster made for the job are
+        freed and the job gets a final status.
+        """
         _become_subreaper()
-        if threading.current_thread() is threading.main_thread():
+        main = threading.current_thread() is threading.main_thread()
+        if main:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGHUP, self._on_signal)
         job_dir = Path(self.job.job_dir)
-        sink = LogSink(job_dir, self.job.world_size)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.setblocking(False)
         handle: Handle | None = None
         reader: threading.Thread | None = None
-        me = psutil.Process()
+        sink: LogSink | None = None
+        sock: socket.socket | None = None
+        code: int | None = None
         try:
+            sink = LogSink(job_dir, self.job.world_size)
+            sock = _report_socket()
             placement = clusters.placements(self.store, self.cluster)[0]
             ctx = JobContext(
                 job_name=self.job.name, cluster_name=self.cluster.name, job_dir=job_dir,
@@ -92,37 +102,47 @@ class Supervisor:
             env = merge_env(dict(os.environ), cmd.env, self.spec.env)
             (job_dir / "command.json").write_text(json.dumps({"argv": cmd.argv, "env": cmd.env},
                                                              indent=1))
+            # Claim the job before starting anything: if `gpufleet stop` got here first (the job
+            # is no longer 'starting', or its cluster was stopped), start nothing.
+            if not jobs.begin_running(self.store, self.job.id, self.cluster.id,
+                                      f"{len(placement.devices)} worker(s) on {self.cluster.name}"):
+                self.request_stop(jobs.STOP_REQUESTED)
+                return self._done(None, sink)
+            self.job.started_at, self.job.status = time.time(), "running"
             handle = self.backend.start(cmd.argv, env, Path(self.spec.workdir or "."))
-            jobs.transition(self.store, self.job.id, "running",
-                            f"torchrun pid {handle.pid}: {len(placement.devices)} worker(s)",
-                            supervisor_pid=os.getpid(), supervisor_started=me.create_time())
-            self.job.started_at = time.time()
-            self.job.status = "running"
             reader = threading.Thread(target=self._read_output, args=(handle, sink), daemon=True)
             reader.start()
             code = self._watch(handle, sock)
         except KeyboardInterrupt:
+            self.interrupted = True
             self.request_stop("interrupted by user (Ctrl-C)")
-            code = None
-        except (OSError, GpufleetError) as exc:  # e.g. the interpreter or working folder vanished
-            self.error = f"could not run the job: {exc}"
-            code = None
+        except Exception as exc:  # recorded on the job; the traceback goes to the job folder
+            self.error = f"supervisor error: {type(exc).__name__}: {exc}"
+            with contextlib.suppress(OSError):
+                (job_dir / "supervisor-error.log").write_text(traceback.format_exc())
         finally:
-            if threading.current_thread() is threading.main_thread():
-                # a second Ctrl-C must not cut the clean-up short and leave workers behind
+            if main:  # a second Ctrl-C must not cut the clean-up short and leave workers behind
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
             if handle is not None and self.backend.poll(handle) is None:
                 self.backend.kill_tree(handle)
             _end_descendants()
             if reader is not None:
                 reader.join(timeout=5)
-            self._drain(sock)
-            self._flush()
-            sock.close()
+            if sock is not None:
+                self._drain(sock)
+                sock.close()
+            with contextlib.suppress(Exception):
+                self._flush()
+        try:
+            return self._done(code, sink)
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _done(self, code: int | None, sink: LogSink | None) -> Job:
         self._finish(code, sink)
-        sink.close()
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if sink is not None:
+            sink.close()
         return jobs.get(self.store, self.job.name)
 
     def _watch(self, handle: Handle, sock: socket.socket) -> int | None:
@@ -147,11 +167,19 @@ class Supervisor:
 
     def _read_output(self, handle: Handle, sink: LogSink) -> None:
         assert handle.stdout is not None
+        echo = self.on_line
         for raw in iter(handle.stdout.readline, b""):
-            rank, text = sink.write(raw.decode("utf-8", "replace"))
+            # Keep draining whatever happens below: a full pipe would stall every worker.
+            try:
+                rank, text = sink.write(raw.decode("utf-8", "replace"))
+            except OSError:  # disk full: the line is lost, the job goes on
+                continue
             # after a stop, torchrun's own shutdown traceback is noise: it stays in the logs only
-            if self.on_line and self.stop_reason is None:
-                self.on_line(rank, text.rstrip("\n"))
+            if echo is not None and self.stop_reason is None:
+                try:
+                    echo(rank, text.rstrip("\n"))
+                except Exception:  # the terminal went away (`| head`, closed pipe): stop echoing
+                    echo = None
 
     # -- reports --------------------------------------------------------------------------------
     def _drain(self, sock: socket.socket) -> None:
@@ -169,19 +197,18 @@ class Supervisor:
     def _on_report(self, rec: dict[str, Any]) -> None:
         r = Report(t=float(rec["t"]), rank=int(rec["rank"]), step=int(rec["step"]),
                    samples=rec.get("samples"), loss=rec.get("loss"),
-                   total_steps=rec.get("total_steps"))
+                   total_steps=rec.get("total_steps"), samples_total=rec.get("samples_total"))
         for key, value in rec.items():
-            if key not in ("t", "rank", "step", "total_steps") and isinstance(value, int | float):
-                name = {"samples": "samples", "loss": "loss"}.get(key, key)
+            if key not in _NOT_METRICS and isinstance(value, int | float):
                 self.pending_metrics.append(Metric(
                     time=r.t, cluster=self.cluster.name, job=self.job.name, node="local",
-                    rank=r.rank, name=name, value=float(value)))
+                    rank=r.rank, name=key, value=float(value)))
         if r.rank != 0:
             return
         j = self.job
         self.throughput.add(r)
         if j.first_step_at is None:
-            j.first_step_at = r.t
+            j.first_step_at, j.first_step = r.t, r.step
         j.step, j.last_report_at = r.step, r.t
         j.samples = self.throughput.total_samples
         if r.total_steps is not None:
@@ -201,14 +228,14 @@ class Supervisor:
             row = s.get(Job, j.id)
             if row is not None:
                 for k in ("step", "total_steps", "samples", "loss", "first_loss", "samples_per_s",
-                          "first_step_at", "last_report_at"):
+                          "first_step", "first_step_at", "last_report_at"):
                     setattr(row, k, getattr(j, k))
             s.add_all(self.pending_metrics)
         self.pending_metrics = []
         self.progress_dirty = False
 
     # -- outcome --------------------------------------------------------------------------------
-    def _finish(self, code: int | None, sink: LogSink) -> None:
+    def _finish(self, code: int | None, sink: LogSink | None) -> None:
         overall = self.throughput.overall_samples_per_s()
         fields: dict[str, object] = {"exit_code": code}
         if overall is not None:
@@ -221,6 +248,8 @@ class Supervisor:
             status, reason = "stopped", asked if asked == jobs.STOP_REQUESTED else self.stop_reason
         elif code == 0:
             status, reason = "succeeded", "all workers exited 0"
+        elif sink is None:
+            status, reason = "failed", f"torchrun exited with code {code}"
         else:
             rank, rank_code = failed_rank(sink.tail(None), sink.tails)
             where = f"rank {rank}" if rank is not None else "a worker"
@@ -230,7 +259,7 @@ class Supervisor:
             reason = (f"{where} failed{': ' + error if error else ''} (exit code "
                       f"{rank_code if rank_code is not None else code}); last lines:\n"
                       + "\n".join(last))
-        jobs.transition(self.store, self.job.id, status, reason, **fields)
+        jobs.transition(self.store, self.job.id, status, reason, fields=fields)  # unless final
         self.job = jobs.get(self.store, self.job.name)
         if self.cluster.for_job == self.job.name and not self.spec.keep:
             self.cluster = clusters.stop(self.store, self.cluster.name,
@@ -238,8 +267,23 @@ class Supervisor:
                                          cluster_id=self.cluster.id)
 
 
+def _report_socket() -> socket.socket:
+    """The UDP socket workers report to, on a free loopback port, with a large receive buffer
+    so a burst of reports waits in the kernel while we write to the store."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    return sock
+
+
 def _end_descendants() -> None:
-    """Kill anything still below us (workers re-parented to us as subreaper)."""
+    """Kill anything still below us (workers re-parented to us as subreaper).
+
+    A supervisor owns its process: it runs as the `gpufleet run` command or as a detached
+    `python -m gpufleet.supervise.supervisor`, never inside a program with other children.
+    """
     try:
         left = psutil.Process().children(recursive=True)
     except psutil.Error:

@@ -38,10 +38,23 @@ class JobView:
 
 
 def seconds_per_step(job: Job) -> float | None:
-    """Mean step time since the first report (which marks the end of step 1)."""
-    if job.step is None or job.step <= 1 or job.first_step_at is None or job.last_report_at is None:
+    """Mean step time between rank 0's first report and its latest one (whatever step the run
+    started at, e.g. a resumed run, and however often the script reports)."""
+    first = job.first_step if job.first_step is not None else 1
+    if job.step is None or job.step <= first or job.first_step_at is None \
+            or job.last_report_at is None:
         return None
-    return (job.last_report_at - job.first_step_at) / (job.step - 1)
+    return (job.last_report_at - job.first_step_at) / (job.step - first)
+
+
+def job_cost_usd(job: Job, cluster: Cluster, now: float) -> float:
+    """What the job cost: its cluster's rate over the job's life, within the cluster's life (a
+    cluster idle before or after the job is not the job's cost; `list` shows the cluster's)."""
+    if cluster.started_at is None:
+        return 0.0
+    start = max(job.created_at, cluster.started_at)
+    ends = [t for t in (job.ended_at, cluster.stopped_at) if t is not None]
+    return cost.accrued_usd(cluster.usd_per_hour, start, min(ends) if ends else None, now)
 
 
 def job_view(job: Job, cluster: Cluster, now: float) -> JobView:
@@ -56,7 +69,7 @@ def job_view(job: Job, cluster: Cluster, now: float) -> JobView:
         world_size=job.world_size, step=job.step, total_steps=job.total_steps, loss=job.loss,
         first_loss=job.first_loss, samples=job.samples, samples_per_s=job.samples_per_s,
         elapsed_s=max(0.0, end - start), eta_s=eta,
-        cost_usd=cost.accrued_usd(cluster.usd_per_hour, cluster.started_at, cluster.stopped_at, now),
+        cost_usd=job_cost_usd(job, cluster, now),
         usd_per_hour=cluster.usd_per_hour, price_book=cluster.price_book,
         reason=job.reason, exit_code=job.exit_code,
     )

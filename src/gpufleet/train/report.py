@@ -21,6 +21,7 @@ class _Reporter:
         self.addr: tuple[str, int] | None = None
         self.sock: socket.socket | None = None
         self.rank = int(os.environ.get("RANK", "0"))
+        self.samples_total = 0
         raw = os.environ.get("GPUFLEET_REPORT_ADDR", "")
         host, _, port = raw.rpartition(":")
         if host and port.isdigit():
@@ -51,6 +52,9 @@ def report(step: int, *, loss: float | None = None, samples: int | None = None,
     (the global batch); the supervisor reads throughput from rank 0's reports. total_steps: the
     planned number of steps, for the ETA. Extra keyword metrics are numbers, e.g.
     `step_time_seconds=0.12`. Without a supervisor (bare torchrun) this does nothing.
+
+    Pass Python numbers: a CUDA tensor would make this call wait for the GPU (`float()` syncs),
+    so take `loss.item()` only on the steps you report the loss, as examples/gpt.py does.
     """
     global _reporter
     if _reporter is None:
@@ -62,6 +66,8 @@ def report(step: int, *, loss: float | None = None, samples: int | None = None,
         record["loss"] = float(loss)
     if samples is not None:
         record["samples"] = int(samples)
+        _reporter.samples_total += int(samples)
+        record["samples_total"] = _reporter.samples_total
     if total_steps is not None:
         record["total_steps"] = int(total_steps)
     for key, value in metrics.items():
