@@ -8,12 +8,15 @@ same devices free; the unique (node, device) key backs that up.
 from __future__ import annotations
 
 import os
+import sqlite3
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -51,12 +54,52 @@ def _sqlite_begin(conn: Any) -> None:
                          "BEGIN IMMEDIATE")
 
 
+# Bumped when a change cannot be made by adding columns. SQLite keeps it in PRAGMA user_version.
+SCHEMA_VERSION = 1
+
+
+def _set_aside_prerelease(path: Path) -> None:
+    """A state file from before schema versions (user_version 0 with tables in it) had a unique
+    cluster name that no ALTER can drop; it is kept beside the new one, not migrated."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with sqlite3.connect(path) as db:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
+    db.close()
+    if version == 0 and tables:
+        aside = path.with_name(f"{path.name}.pre-{SCHEMA_VERSION}-{int(time.time())}")
+        for suffix in ("", "-wal", "-shm"):
+            src = path.with_name(path.name + suffix)
+            if src.exists():
+                src.rename(aside.with_name(aside.name + suffix))
+        print(f"gpufleet: {path} is from a pre-release version; kept as {aside.name}, starting "
+              "a new state file", file=sys.stderr)
+
+
+def _migrate(engine: Engine) -> None:
+    """Create missing tables, and add columns that newer versions introduced (nullable, so old
+    rows read as 'unknown'), in one transaction."""
+    with engine.begin() as conn:
+        Base.metadata.create_all(conn)
+        inspector = inspect(conn)
+        for table in Base.metadata.sorted_tables:
+            have = {c["name"] for c in inspector.get_columns(table.name)}
+            for col in table.columns:
+                if col.name not in have:
+                    kind = col.type.compile(dialect=engine.dialect)
+                    conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}')
+        if engine.dialect.name == "sqlite":
+            conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
 class Store:
     """A handle on the database. `session()` is one transaction, committed on normal exit."""
 
     def __init__(self, url: str | None = None):
         if url is None:
             path = gpufleet_home() / "state.db"
+            _set_aside_prerelease(path)
             url = f"sqlite:///{path}"
             if not path.exists():
                 path.touch(mode=0o600)
@@ -66,7 +109,7 @@ class Store:
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", _sqlite_begin)
-        Base.metadata.create_all(self.engine)
+        _migrate(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._reads = sessionmaker(self.engine.execution_options(readonly=True),
                                    expire_on_commit=False)
