@@ -123,11 +123,10 @@ def show_gpus(
 
 
 # -- clusters ------------------------------------------------------------------------------------
-def _launch(spec: ClusterSpec, yes: bool, cpu_slots: int | None, for_job: str | None = None,
-            quiet: bool = False) -> Cluster:
+def _launch(store: Store, spec: ClusterSpec, yes: bool, cpu_slots: int | None,
+            for_job: str | None = None, quiet: bool = False) -> Cluster:
     from gpufleet import ui
 
-    store = _store()
     nodes = _backend(cpu_slots).discover()
     clusters.check(store, spec, nodes)  # refuse before quoting what cannot be had
     q = clusters.quote_for(spec)
@@ -162,11 +161,12 @@ def launch(
     flags = {"gpu": gpu, "count": count, "network": network, "disk": disk, "name": name,
              "nodes": nodes, "backend": backend, "price_book": price_book}
     spec = ClusterSpec.parse({**data, **{k: v for k, v in flags.items() if v is not None}})
-    cluster = _launch(spec, yes, cpu_slots, quiet=as_json)
+    store = _store()
+    cluster = _launch(store, spec, yes, cpu_slots, quiet=as_json)
     if as_json:
-        _print_json(_cluster_dict(_store(), cluster, time.time(), _backend(cpu_slots).discover()))
+        _print_json(_cluster_dict(store, cluster, time.time(), _backend(cpu_slots).discover()))
         return
-    ids = clusters.device_ids(_store(), cluster)
+    ids = clusters.device_ids(store, cluster)
     out.print(f"Cluster [bold]{cluster.name}[/]: {cluster.count} x {cluster.gpu} "
               f"({', '.join(ids)}) over {cluster.network}. "
               f"Run a job: gpufleet run --cluster {cluster.name} SCRIPT")
@@ -342,7 +342,7 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None) -> N
             cspec = cspec.model_copy(update={"name": clusters.new_name("run")})
         jobs.check_name_free(store, spec.name)
         jobs.check_workers(spec, cspec.per_node, cspec.name or "")
-        cluster = _launch(cspec, yes, cpu_slots, for_job=spec.name)
+        cluster = _launch(store, cspec, yes, cpu_slots, for_job=spec.name)
     else:
         assert spec.cluster is not None
         cluster = clusters.get(store, spec.cluster)
