@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,9 @@ from sqlalchemy import select
 
 from gpufleet import catalog, clusters
 from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
+from gpufleet.parallelism import Layout
 from gpufleet.plan import cost
+from gpufleet.pool.model import Placement
 from gpufleet.spec import ClusterSpec, JobSpec, load_yaml
 from gpufleet.store import Cluster, Job, Store
 
@@ -281,9 +284,21 @@ def run(
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Job YAML.")] = None,
     workers_per_node: Annotated[int | None, typer.Option(
         "--workers-per-node", help="Processes per node [default: one per device].")] = None,
-    strategy: Annotated[str | None, typer.Option("--strategy", help="Parallelism: ddp.")] = None,
-    precision: Annotated[str | None, typer.Option("--precision", help="fp32.")] = None,
-    framework: Annotated[str | None, typer.Option("--framework", help="torchrun.")] = None,
+    strategy: Annotated[str | None, typer.Option(
+        "--strategy", help="ddp, fsdp, zero1, zero2, zero3, tp or pp [default: ddp].")] = None,
+    dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel degree of the mesh.")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages.")] = None,
+    pp_schedule: Annotated[str | None, typer.Option(
+        "--pp-schedule", help="gpipe or 1f1b [default: 1f1b].")] = None,
+    microbatches: Annotated[int | None, typer.Option(
+        "--microbatches", help="Pipeline microbatches per step [default: --pp].")] = None,
+    precision: Annotated[str | None, typer.Option(
+        "--precision", help="fp32, bf16-mixed or fp16-mixed [default: fp32].")] = None,
+    framework: Annotated[str | None, typer.Option(
+        "--framework", help="torchrun, accelerate, deepspeed, ray or horovod [default: torchrun].")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print each node's command, env and generated configs; start nothing.")] = False,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for workers.")] = None,
     max_restarts: Annotated[int | None, typer.Option(
         "--max-restarts", help="Restarts of the worker group on failure.")] = None,
@@ -305,6 +320,7 @@ def run(
             raise SpecError([("env", f"'{item}' is not KEY=VALUE")])
         env_pairs[key] = value
     flags = {"name": name, "workers_per_node": workers_per_node, "strategy": strategy,
+             "dp": dp, "tp": tp, "pp": pp, "pp_schedule": pp_schedule, "microbatches": microbatches,
              "precision": precision, "framework": framework, "max_restarts": max_restarts,
              "env": env_pairs or None, "keep": keep or None}
     data.update({k: v for k, v in flags.items() if v is not None})
@@ -326,10 +342,60 @@ def run(
     if data.get("cluster") is None:
         raise SpecError([("cluster", "give --cluster NAME, or --gpu and --count for a new cluster")])
     spec = JobSpec.parse(data)
-    _run_job(spec, detach, yes, cpu_slots)
+    _run_job(spec, detach, yes, cpu_slots, dry_run)
 
 
-def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None) -> None:
+def _preflight(spec: JobSpec, gpu: str, world: int, dry_run: bool = False) -> Layout:
+    """Refuse a job whose layout, model, precision or framework cannot work, before anything
+    starts or is reserved."""
+    from gpufleet import preflight
+
+    path = Path(spec.workdir or ".") / spec.script
+    try:
+        source: str | None = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        source = None  # not Python text we can read: the shape checks are skipped
+    layout = preflight.check(spec, catalog.resolve_gpu(gpu), world, source)
+    if not dry_run:
+        module = preflight.FRAMEWORK_MODULES.get(spec.framework, ("",))[0]
+        found = {module} if module and _importable(module) else set()
+        problem = preflight.missing_framework(spec.framework, found)
+        if spec.framework == "horovod" and not problem and not shutil.which("horovodrun"):
+            problem = "horovodrun is not on PATH; install horovod with its launcher"
+        if problem:
+            raise SpecError([("framework", problem)])
+    return layout
+
+
+def _importable(module: str) -> bool:
+    """Whether the job's Python can import `module`, tried in a child process: importing Ray or
+    Horovod here would be slow, and a broken install can fail in any way."""
+    probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                           timeout=120)
+    return probe.returncode == 0
+
+
+def _print_dry_run(spec: JobSpec, layout: Layout, placements: list[Placement], cluster: str,
+                   fabric: str) -> None:
+    """What `run` would start, node by node, without starting or reserving anything."""
+    from gpufleet.launch import frameworks
+    from gpufleet.launch.torchrun import JobContext
+    from gpufleet.store import gpufleet_home
+
+    assert spec.name is not None
+    job_dir = gpufleet_home() / "jobs" / spec.name
+    ctx = JobContext(job_name=spec.name, cluster_name=cluster, job_dir=job_dir,
+                     report_addr="127.0.0.1:<report port>", fabric=fabric, python=sys.executable,
+                     host_cpus=os.cpu_count() or 1)
+    commands = [(p.node_id, frameworks.build(spec, layout, p, ctx)) for p in placements]
+    out.print(f"# dry run: job {spec.name}, {spec.framework}, {layout.describe}", markup=False,
+              highlight=False, emoji=False)
+    out.print(frameworks.describe(commands, job_dir), markup=False, highlight=False, soft_wrap=True,
+              emoji=False)
+
+
+def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None,
+             dry_run: bool = False) -> None:
     from gpufleet.supervise import jobs
 
     store = _store()
@@ -342,12 +408,29 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None) -> N
             cspec = cspec.model_copy(update={"name": clusters.new_name("run")})
         jobs.check_name_free(store, spec.name)
         jobs.check_workers(spec, cspec.per_node, cspec.name or "")
+        layout = _preflight(spec, cspec.gpu, (spec.workers_per_node or cspec.per_node) * cspec.node_count,
+                            dry_run)
+        if dry_run:
+            nodes = _backend(cpu_slots).discover()
+            alloc = clusters.check(store, cspec, nodes)
+            _print_dry_run(spec, layout, list(alloc.placements), cspec.name or "", cspec.fabric)
+            return
         cluster = _launch(store, cspec, yes, cpu_slots, for_job=spec.name)
     else:
         assert spec.cluster is not None
         cluster = clusters.get(store, spec.cluster)
         if cluster.status not in clusters.ACTIVE:
             raise ConflictError(f"cluster: '{cluster.name}' is {cluster.status}; launch a new one")
+        jobs.check_workers(spec, cluster.count // cluster.nodes, cluster.name)
+        jobs.check_name_free(store, spec.name)
+        jobs.check_cluster_free(store, cluster)
+        layout = _preflight(spec, cluster.gpu,
+                            (spec.workers_per_node or cluster.count // cluster.nodes) * cluster.nodes,
+                            dry_run)
+        if dry_run:
+            _print_dry_run(spec, layout, clusters.placements(store, cluster), cluster.name,
+                           cluster.network)
+            return
     world = (spec.workers_per_node or cluster.count // cluster.nodes) * cluster.nodes
     try:
         job = jobs.create(store, spec, cluster, world)
@@ -391,7 +474,8 @@ def _foreground(store: Store, job: Job, cluster: Cluster) -> tuple[Job, bool]:
         # rank 0 and the agent speak for the job; every rank's lines are in `gpufleet logs`
         if rank in (0, None):
             label = "agent" if rank is None else f"rank{rank}"
-            out.print(f"[{label}] {text}", markup=False, highlight=False, soft_wrap=True)
+            out.print(f"[{label}] {text}", markup=False, highlight=False, soft_wrap=True,
+                      emoji=False)
 
     if tty:  # a live panel under the scrolling log lines
         with Live(console=out, refresh_per_second=4, transient=True) as live:
@@ -464,7 +548,7 @@ def status(
         with store.session() as s:
             c = s.get(Cluster, j.cluster_id)
         assert c is not None
-        return j, job_view(j, c, time.time())
+        return j, job_view(j, c, time.time(), jobs.model_state(store, j.name))
 
     j, view = current()
     if as_json:

@@ -69,11 +69,12 @@ def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node]) -> All
     return allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, _held(s))
 
 
-def check(store: Store, spec: ClusterSpec, nodes: list[Node]) -> None:
-    """Would `launch` succeed now? Raises its error if not; reserves nothing."""
+def check(store: Store, spec: ClusterSpec, nodes: list[Node]) -> Allocation:
+    """Would `launch` succeed now? Raises its error if not; reserves nothing. Returns the
+    devices it would get (a dry run shows commands for them)."""
     quote_for(spec)
     with store.session() as s:
-        _checked(s, spec, spec.name or "", nodes)
+        return _checked(s, spec, spec.name or "", nodes)
 
 
 def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | None = None) -> Cluster:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from gpufleet import catalog
 from gpufleet.errors import SpecError
+from gpufleet.parallelism import Layout, resolve
 
 MAX_GPUS_PER_JOB = 128  # seed 000: up to 128 GPUs per job (16 nodes x 8)
 MAX_GPUS_PER_NODE = 8
@@ -217,6 +218,14 @@ class ClusterSpec(_Spec):
         return problems
 
 
+class ModelShape(_Spec):
+    """The model's layer and attention-head counts, so a mesh that cannot fit the model is refused
+    before any process starts."""
+
+    layers: int | None = Field(None, ge=1)
+    heads: int | None = Field(None, ge=1)
+
+
 class JobSpec(_Spec):
     """A training script and how to run it on a cluster."""
 
@@ -225,9 +234,15 @@ class JobSpec(_Spec):
     name: str | None = None
     cluster: str | ClusterSpec | None = None
     workers_per_node: int | None = Field(None, ge=1, le=MAX_GPUS_PER_NODE)
-    strategy: Literal["ddp"] = "ddp"
-    precision: Literal["fp32"] = "fp32"
-    framework: Literal["torchrun"] = "torchrun"
+    strategy: Literal["ddp", "fsdp", "zero1", "zero2", "zero3", "tp", "pp"] = "ddp"
+    dp: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)  # mesh dims; see gpufleet.parallelism
+    tp: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
+    pp: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
+    pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    microbatches: int | None = Field(None, ge=1, le=4096)
+    precision: Literal["fp32", "bf16-mixed", "fp16-mixed"] = "fp32"
+    framework: Literal["torchrun", "accelerate", "deepspeed", "ray", "horovod"] = "torchrun"
+    model: ModelShape | None = None  # for checks before start; else read from the script
     env: dict[str, Annotated[str, BeforeValidator(_scalar_to_str)]] = Field(default_factory=dict)
     max_restarts: int = Field(0, ge=0, le=100)
     keep: bool = False  # keep a cluster made for this job after the job ends
@@ -268,6 +283,12 @@ class JobSpec(_Spec):
         if not v.strip():
             raise ValueError("a script path is required")
         return v
+
+    def layout(self, world_size: int) -> Layout:
+        """The mesh and methods this job uses on `world_size` workers (LayoutError if none)."""
+        return resolve(self.strategy, world_size, dp=self.dp, tp=self.tp, pp=self.pp,
+                       precision=self.precision, schedule=self.pp_schedule,
+                       microbatches=self.microbatches, framework=self.framework)
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> Self:

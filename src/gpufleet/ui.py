@@ -77,6 +77,18 @@ def progress_line(v: JobView) -> str:
             f"cost {usd(v.cost_usd)} ETA {duration(v.eta_s)}")
 
 
+def model_state_line(state: dict[int, dict[str, float]]) -> str:
+    """Per-rank model state in MiB, as a range over ranks when they differ (pipeline stages)."""
+    parts = []
+    for key, label in (("params_bytes", "params"), ("grads_bytes", "grads"),
+                       ("optimizer_bytes", "optimizer"), ("cuda_max_allocated_bytes", "cuda peak")):
+        values = [s[key] / 2**20 for s in state.values() if key in s]
+        if values:
+            lo, hi = min(values), max(values)
+            parts.append(f"{label} {lo:.2f}" + (f"-{hi:.2f}" if hi - lo >= 0.005 else "") + " MiB")
+    return ", ".join(parts) + f" per rank ({len(state)} ranks)"
+
+
 def summary_table(v: JobView) -> Table:
     t = Table(title=f"Job {v.job}: {v.status}", title_justify="left", show_header=False)
     t.add_column("what", style="bold")
@@ -92,6 +104,10 @@ def summary_table(v: JobView) -> Table:
         ("wall time", duration(v.elapsed_s)),
         ("cost", f"{usd(v.cost_usd)} at {usd(v.usd_per_hour)}/hour ({v.price_book or 'unpriced'})"),
     ]
+    if v.layout:
+        rows.insert(1, ("layout", v.layout))
+    if v.model_state:
+        rows.append(("model state", model_state_line(v.model_state)))
     for k, val in rows:
         t.add_row(k, Text(val))  # Text: log lines may hold '[...]', which is not rich markup
     if v.status != "succeeded" and v.reason:

@@ -5,27 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from placements import cpu_placement, ctx, gpu_placement
 
 from gpufleet.launch.env import NCCL_BY_FABRIC, device_env
-from gpufleet.launch.torchrun import JobContext, build_torchrun, merge_env
-from gpufleet.pool.model import Device, Placement
+from gpufleet.launch.frameworks import NodeCommand, build
+from gpufleet.launch.torchrun import JobContext, merge_env
+from gpufleet.pool.model import Placement
 from gpufleet.spec import JobSpec
 
 
-def cpu_placement(n: int) -> Placement:
-    return Placement("local", "127.0.0.1",
-                     tuple(Device(id=f"cpu{i}", index=i, gpu="cpu", memory_bytes=0) for i in range(n)))
-
-
-def gpu_placement(indices: list[int], gpu: str = "H100-SXM") -> Placement:
-    return Placement("local", "127.0.0.1", tuple(
-        Device(id=f"gpu{i}", index=i, gpu=gpu, memory_bytes=80 * 2**30) for i in indices))
-
-
-def ctx(fabric: str = "pcie", host_cpus: int = 16) -> JobContext:
-    return JobContext(job_name="train-ab12", cluster_name="llama", job_dir=Path("/state/jobs/train-ab12"),
-                      report_addr="127.0.0.1:5555", fabric=fabric, python="/venv/bin/python",
-                      host_cpus=host_cpus)
+def build_torchrun(spec: JobSpec, placement: Placement, context: JobContext) -> NodeCommand:
+    workers = spec.workers_per_node or len(placement.devices)
+    return build(spec, spec.layout(workers), placement, context)
 
 
 def flag(argv: list[str], name: str) -> str:

@@ -324,13 +324,13 @@ def test_job_inline_cluster_becomes_cluster_spec(script: str) -> None:
 
 
 def test_job_unknown_strategy_lists_allowed(script: str) -> None:
-    msg = only_problem({"script": script, "strategy": "zero3"}, "strategy", JobSpec)
-    assert "'zero3' is not allowed" in msg
-    assert "allowed: 'ddp'" in msg
+    msg = only_problem({"script": script, "strategy": "zero4"}, "strategy", JobSpec)
+    assert "'zero4' is not allowed" in msg
+    assert "allowed: 'ddp'" in msg and "'zero3'" in msg and "'pp'" in msg
 
 
 def test_job_unknown_precision_and_framework(script: str) -> None:
-    fields = fields_of({"script": script, "precision": "fp8", "framework": "horovod"}, JobSpec)
+    fields = fields_of({"script": script, "precision": "fp8", "framework": "mpi"}, JobSpec)
     assert fields == {"precision", "framework"}
 
 

@@ -1,7 +1,8 @@
-"""The torchrun (torch.distributed.run) command for one node of a job, as an argument list.
+"""What every launcher shares: where a job runs, torchrun's per-rank log prefix, and how gpufleet's
+environment layers over the caller's.
 
-Argument lists only: nothing here goes through a shell, so a cluster name or a script argument
-cannot inject a command.
+Commands are argument lists only: nothing goes through a shell, so a cluster name or a script
+argument cannot inject a command.
 """
 
 from __future__ import annotations
@@ -9,20 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.launch.env import device_env
-from gpufleet.pool.model import Placement
-from gpufleet.spec import JobSpec
-
 # torchrun prefixes every worker line with this, so the supervisor can split logs per rank.
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 _FORCED = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED",
            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"}
-
-
-@dataclass(frozen=True)
-class NodeCommand:
-    argv: list[str]
-    env: dict[str, str]  # only what gpufleet adds; the caller layers it over the base env
 
 
 @dataclass(frozen=True)
@@ -36,29 +27,6 @@ class JobContext:
     fabric: str
     python: str  # interpreter that has torch
     host_cpus: int
-
-
-def build_torchrun(spec: JobSpec, placement: Placement, ctx: JobContext) -> NodeCommand:
-    workers = spec.workers_per_node or len(placement.devices)
-    argv = [
-        ctx.python, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes", "1", "--nproc-per-node", str(workers),
-        "--max-restarts", str(spec.max_restarts),
-        "--log-dir", str(ctx.job_dir / "torchrun"), "--tee", "3",
-        spec.script, *spec.args,
-    ]
-    env = {
-        **device_env(placement, ctx.fabric, ctx.host_cpus, workers),
-        "GPUFLEET_JOB": ctx.job_name,
-        "GPUFLEET_CLUSTER": ctx.cluster_name,
-        "GPUFLEET_JOB_DIR": str(ctx.job_dir),
-        "GPUFLEET_REPORT_ADDR": ctx.report_addr,
-        "GPUFLEET_STRATEGY": spec.strategy,
-        "GPUFLEET_PRECISION": spec.precision,
-        "PYTHONUNBUFFERED": "1",
-        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
-    }
-    return NodeCommand(argv=argv, env=env)
 
 
 def merge_env(base: dict[str, str], gpufleet: dict[str, str], user: dict[str, str]) -> dict[str, str]:

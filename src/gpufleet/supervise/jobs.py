@@ -9,10 +9,11 @@ from pathlib import Path
 
 import psutil
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpufleet.errors import ConflictError, NotFoundError, SpecError
 from gpufleet.spec import JobSpec, check_name
-from gpufleet.store import Cluster, Event, Job, Store, gpufleet_home
+from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
 
 ACTIVE = ("starting", "running")
 FINAL = ("succeeded", "failed", "stopped", "interrupted")
@@ -42,6 +43,19 @@ def check_workers(spec: JobSpec, per_node: int, cluster_name: str) -> None:
                           f"1 to {per_node}")])
 
 
+def _check_cluster_free(s: Session, cluster: Cluster) -> None:
+    busy = s.scalar(select(Job).where(Job.cluster_id == cluster.id, Job.status.in_(ACTIVE)))
+    if busy is not None:
+        raise ConflictError(f"cluster: '{cluster.name}' is busy with job '{busy.name}'; wait "
+                            f"for it, stop it (gpufleet stop {busy.name}) or use another cluster")
+
+
+def check_cluster_free(store: Store, cluster: Cluster) -> None:
+    """Refuse a cluster another job is running on (checked again, atomically, by `create`)."""
+    with store.read() as s:
+        _check_cluster_free(s, cluster)
+
+
 def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Job:
     name = job_name_for(spec)
     check_workers(spec, cluster.count // cluster.nodes, cluster.name)
@@ -49,10 +63,7 @@ def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Jo
     with store.session() as s:
         if s.scalar(select(Job).where(Job.name == name)) is not None:
             raise ConflictError(f"name: a job named '{name}' already exists; pick another name")
-        busy = s.scalar(select(Job).where(Job.cluster_id == cluster.id, Job.status.in_(ACTIVE)))
-        if busy is not None:
-            raise ConflictError(f"cluster: '{cluster.name}' is busy with job '{busy.name}'; wait "
-                                f"for it, stop it (gpufleet stop {busy.name}) or use another cluster")
+        _check_cluster_free(s, cluster)
         job = Job(name=name, cluster_id=cluster.id, status="starting",  # pid set by the caller
                   spec_json=spec.model_dump_json(), job_dir=str(job_dir),
                   world_size=world_size, created_at=time.time(), samples=0)
@@ -124,6 +135,20 @@ def get(store: Store, name: str) -> Job:
 def events(store: Store, job_id: int) -> list[Event]:
     with store.read() as s:
         return list(s.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)).all())
+
+
+def model_state(store: Store, job_name: str) -> dict[int, dict[str, float]]:
+    """Each rank's latest model-state bytes, as its worker reported them."""
+    from gpufleet.supervise.view import MODEL_STATE_METRICS
+
+    with store.read() as s:
+        rows = s.execute(select(Metric.rank, Metric.name, Metric.value)
+                         .where(Metric.job == job_name, Metric.name.in_(MODEL_STATE_METRICS))
+                         .order_by(Metric.time)).all()
+    out: dict[int, dict[str, float]] = {}
+    for rank, name, value in rows:
+        out.setdefault(rank, {})[name] = value
+    return out
 
 
 def spec_of(job: Job) -> JobSpec:

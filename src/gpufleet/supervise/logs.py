@@ -11,6 +11,8 @@ from collections import deque
 from pathlib import Path
 from typing import IO
 
+_RAY_TAG = re.compile(r"^(?:\x1b\[[0-9;]*m)?\([A-Za-z_]\w* pid=\d+(?:, ip=[^)]*)?\)(?:\x1b\[[0-9;]*m)? ")
+_HOROVOD_TAG = re.compile(r"^\[(\d+)\]<std(?:out|err)>:")  # horovodrun's own rank tag
 _PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
 TAIL_LINES = 40
 
@@ -19,8 +21,12 @@ def split_line(line: str) -> tuple[int | None, str]:
     """(rank or None for the agent, the line without its prefix).
 
     torch prefixes a worker's uncaught-exception lines with `[rankN]:` itself, so those arrive
-    as `[rankN]:[rankN]: ...`; both prefixes go.
+    as `[rankN]:[rankN]: ...`; both prefixes go. Under Ray, the driver puts its own
+    `(RayTrainWorker pid=N)` tag (maybe coloured) in front, which goes too; horovodrun tags
+    lines `[N]<stdout>:`, read as rank N.
     """
+    line = _RAY_TAG.sub("", line, count=1)
+    line = _HOROVOD_TAG.sub(r"[rank\1]:", line, count=1)
     m = _PREFIX.match(line)
     if not m:
         return None, line

@@ -25,12 +25,13 @@ import psutil
 
 from gpufleet import clusters
 from gpufleet.backends.local import Handle, LocalBackend, kill
-from gpufleet.launch.torchrun import JobContext, build_torchrun, merge_env
+from gpufleet.launch import frameworks
+from gpufleet.launch.torchrun import JobContext, merge_env
 from gpufleet.store import Cluster, Job, Metric, Store
 from gpufleet.supervise import jobs
 from gpufleet.supervise.logs import LogSink, failed_rank, last_exception
 from gpufleet.supervise.progress import Report, Throughput
-from gpufleet.supervise.view import JobView, job_view
+from gpufleet.supervise.view import MODEL_STATE_METRICS, JobView, job_view
 
 FLUSH_EVERY_S = 1.0
 _NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total")
@@ -58,6 +59,7 @@ class Supervisor:
         self.error: str | None = None
         self.throughput = Throughput()
         self.pending_metrics: list[Metric] = []
+        self.model_state: dict[int, dict[str, float]] = {}  # rank -> latest model-state bytes
         self.progress_dirty = False
 
     # -- signals ------------------------------------------------------------------------------
@@ -98,8 +100,11 @@ class Supervisor:
                 report_addr=f"127.0.0.1:{sock.getsockname()[1]}", fabric=self.cluster.network,
                 python=sys.executable, host_cpus=os.cpu_count() or 1,
             )
-            cmd = build_torchrun(self.spec, placement, ctx)
+            layout = self.spec.layout(self.job.world_size)
+            cmd = frameworks.build(self.spec, layout, placement, ctx, port=_free_port())
             env = merge_env(dict(os.environ), cmd.env, self.spec.env)
+            for file_name, content in cmd.files.items():  # generated framework configs
+                (job_dir / file_name).write_text(content)
             (job_dir / "command.json").write_text(json.dumps({"argv": cmd.argv, "env": cmd.env},
                                                              indent=1))
             # Claim the job before starting anything: if `gpufleet stop` got here first (the job
@@ -163,7 +168,7 @@ class Supervisor:
                 last_tick = now
 
     def view(self, now: float | None = None) -> JobView:
-        return job_view(self.job, self.cluster, now or time.time())
+        return job_view(self.job, self.cluster, now or time.time(), self.model_state)
 
     def _read_output(self, handle: Handle, sink: LogSink) -> None:
         assert handle.stdout is not None
@@ -199,6 +204,8 @@ class Supervisor:
                    samples=rec.get("samples"), loss=rec.get("loss"),
                    total_steps=rec.get("total_steps"), samples_total=rec.get("samples_total"))
         for key, value in rec.items():
+            if key in MODEL_STATE_METRICS and isinstance(value, int | float):
+                self.model_state.setdefault(r.rank, {})[key] = float(value)
             if key not in _NOT_METRICS and isinstance(value, int | float):
                 self.pending_metrics.append(Metric(
                     time=r.t, cluster=self.cluster.name, job=self.job.name, node="local",
@@ -265,6 +272,13 @@ class Supervisor:
             self.cluster = clusters.stop(self.store, self.cluster.name,
                                          reason=f"job {self.job.name} ended",
                                          cluster_id=self.cluster.id)
+
+
+def _free_port() -> int:
+    """A TCP port free on loopback now, for launchers that need one named (Accelerate)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _report_socket() -> socket.socket:

@@ -5,10 +5,12 @@ The live view during `run`, `status` and `status --json` all go through `job_vie
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpufleet.plan import cost
+from gpufleet.spec import JobSpec
 from gpufleet.store import Cluster, Job
 
 
@@ -32,6 +34,9 @@ class JobView:
     price_book: str | None
     reason: str | None
     exit_code: int | None
+    layout: str | None = None  # strategy, mesh, precision, framework
+    # rank -> {"params_bytes", "grads_bytes", "optimizer_bytes", ["cuda_max_allocated_bytes"]}
+    model_state: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,7 +62,20 @@ def job_cost_usd(job: Job, cluster: Cluster, now: float) -> float:
     return cost.accrued_usd(cluster.usd_per_hour, start, min(ends) if ends else None, now)
 
 
-def job_view(job: Job, cluster: Cluster, now: float) -> JobView:
+MODEL_STATE_METRICS = ("params_bytes", "grads_bytes", "optimizer_bytes", "cuda_max_allocated_bytes")
+
+
+def layout_of(job: Job) -> str | None:
+    """The job's strategy, mesh and precision in words, from its stored spec."""
+    try:
+        spec = JobSpec.model_validate(json.loads(job.spec_json))
+        return f"{spec.layout(job.world_size).describe}, {spec.framework}"
+    except (ValueError, TypeError):  # a spec stored by an older version, or an impossible one
+        return None
+
+
+def job_view(job: Job, cluster: Cluster, now: float,
+             model_state: dict[int, dict[str, float]] | None = None) -> JobView:
     start = job.started_at or job.created_at
     end = job.ended_at or now
     eta = None
@@ -71,5 +89,6 @@ def job_view(job: Job, cluster: Cluster, now: float) -> JobView:
         elapsed_s=max(0.0, end - start), eta_s=eta,
         cost_usd=job_cost_usd(job, cluster, now),
         usd_per_hour=cluster.usd_per_hour, price_book=cluster.price_book,
-        reason=job.reason, exit_code=job.exit_code,
+        reason=job.reason, exit_code=job.exit_code, layout=layout_of(job),
+        model_state=dict(sorted((model_state or {}).items())),
     )

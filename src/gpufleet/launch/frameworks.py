@@ -1,0 +1,181 @@
+"""The command, environment and generated config files that run one node of a job through each
+framework: torchrun, Accelerate, DeepSpeed, Ray Train or Horovod. Pure: data in, data out.
+
+Every framework gets the same job variables (`GPUFLEET_*`, the layout), so `gpufleet.train`
+behaves the same under each; what differs is the launcher and the config it reads:
+
+- torchrun: `python -m torch.distributed.run`, the reference path.
+- accelerate: `accelerate launch --config_file accelerate.yaml`, the config written from the
+  strategy and precision (FSDP2 for fsdp/zero2/zero3, DeepSpeed-free), so a script written with
+  `Accelerator()` gets the same setup. Accelerate starts its workers through torchrun.
+- deepspeed: torchrun plus `ds_config.json` (ZeRO stage from the strategy, bf16/fp16 from the
+  precision); `gpufleet.train.prepare` hands the model to `deepspeed.initialize` with it.
+- ray: `python -m gpufleet.launch.ray_train`, a Ray Train `TorchTrainer` that runs the script in
+  each worker.
+- horovod: `horovodrun -np N -H host:slots`; the workers join a torch.distributed group from
+  Horovod's rank variables (unverified here: Horovod does not build on this machine).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet.launch.env import device_env
+from gpufleet.launch.torchrun import LOG_PREFIX_TEMPLATE, JobContext
+from gpufleet.parallelism import Layout
+from gpufleet.pool.model import Placement
+from gpufleet.spec import JobSpec
+
+ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
+ACCELERATE_PRECISION = {"fp32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
+RAY_MODULE = "gpufleet.launch.ray_train"
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    argv: list[str]
+    env: dict[str, str]  # only what gpufleet adds; the caller layers it over the base env
+    files: dict[str, str] = field(default_factory=dict)  # name in the job folder -> content
+
+    def shell(self) -> str:
+        """The command as one line a user could paste (for --dry-run and the job folder)."""
+        return shlex.join(self.argv)
+
+
+def deepspeed_config(layout: Layout) -> dict[str, Any]:
+    """The DeepSpeed JSON for a layout. Batch sizes are left out: `prepare` fills
+    `train_micro_batch_size_per_gpu` from the script's DataLoader, which only it can see."""
+    config: dict[str, Any] = {
+        "zero_optimization": {"stage": ZERO_STAGE[layout.data_parallel]},
+        "gradient_accumulation_steps": 1,
+        # The script's own optimizer (e.g. torch.optim.AdamW) is used, not DeepSpeed's fused one,
+        # so no C++ op is compiled and the run matches the other frameworks.
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1_000_000,
+        "wall_clock_breakdown": False,
+    }
+    if layout.precision == "bf16-mixed":
+        config["bf16"] = {"enabled": True}
+    elif layout.precision == "fp16-mixed":
+        config["fp16"] = {"enabled": True, "initial_scale_power": 16}
+    return config
+
+
+def accelerate_config(layout: Layout, placement: Placement, nodes: int, rank: int,
+                      master: str, port: int) -> dict[str, Any]:
+    """An Accelerate config file (the keys `accelerate config` writes) for this layout."""
+    on_cpu = all(d.gpu == "cpu" for d in placement.devices)
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        # MULTI_GPU is Accelerate's torchrun path; with use_cpu it runs gloo on CPU. (Its
+        # MULTI_CPU type wants mpirun/oneCCL for more than one process.)
+        "distributed_type": "MULTI_GPU",
+        "num_machines": nodes,
+        "num_processes": layout.world_size,
+        "machine_rank": rank,
+        "main_process_ip": master,
+        "main_process_port": port,
+        "mixed_precision": ACCELERATE_PRECISION[layout.precision],
+        "use_cpu": on_cpu,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "debug": False,
+    }
+    if layout.data_parallel in ("fsdp", "zero2", "zero3") and layout.tp == layout.pp == 1:
+        config["distributed_type"] = "FSDP"
+        config["fsdp_config"] = {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": layout.data_parallel != "zero2",
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_offload_params": False,
+            "fsdp_cpu_ram_efficient_loading": False,
+            "fsdp_activation_checkpointing": False,
+        }
+    if not on_cpu:
+        config["gpu_ids"] = ",".join(str(d.index) for d in placement.devices)
+    return config
+
+
+def _job_env(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContext,
+             workers: int) -> dict[str, str]:
+    return {
+        **device_env(placement, ctx.fabric, ctx.host_cpus, workers),
+        **layout.to_env(),
+        "GPUFLEET_JOB": ctx.job_name,
+        "GPUFLEET_CLUSTER": ctx.cluster_name,
+        "GPUFLEET_JOB_DIR": str(ctx.job_dir),
+        "GPUFLEET_REPORT_ADDR": ctx.report_addr,
+        "PYTHONUNBUFFERED": "1",
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
+    }
+
+
+def _torchrun_argv(spec: JobSpec, ctx: JobContext, workers: int, head: list[str]) -> list[str]:
+    return [*head, "--standalone", "--nnodes", "1", "--nproc-per-node", str(workers),
+            "--max-restarts", str(spec.max_restarts),
+            "--log-dir", str(ctx.job_dir / "torchrun"), "--tee", "3",
+            spec.script, *spec.args]
+
+
+def build(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContext,
+          port: int = 29500) -> NodeCommand:
+    """One node's command under the job's framework (the local backend has one node)."""
+    workers = spec.workers_per_node or len(placement.devices)
+    env = _job_env(spec, layout, placement, ctx, workers)
+    python = ctx.python
+    if spec.framework == "torchrun":
+        return NodeCommand(_torchrun_argv(spec, ctx, workers, [python, "-m", "torch.distributed.run"]),
+                           env)
+    if spec.framework == "deepspeed":
+        path = ctx.job_dir / "ds_config.json"
+        env["GPUFLEET_DEEPSPEED_CONFIG"] = str(path)
+        return NodeCommand(_torchrun_argv(spec, ctx, workers, [python, "-m", "torch.distributed.run"]),
+                           env, {path.name: json.dumps(deepspeed_config(layout), indent=2) + "\n"})
+    if spec.framework == "accelerate":
+        path = ctx.job_dir / "accelerate.yaml"
+        config = accelerate_config(layout, placement, 1, 0, "127.0.0.1", port)
+        if config["use_cpu"]:
+            # Accelerate's torchrun path ignores `use_cpu` from the file; without this, an
+            # Accelerator() on a machine without CUDA runs each rank alone, undistributed.
+            env["ACCELERATE_USE_CPU"] = "true"
+        argv = [python, "-m", "accelerate.commands.launch", "--config_file", str(path),
+                "--tee", "3", "--log_dir", str(ctx.job_dir / "torchrun"),
+                "--max_restarts", str(spec.max_restarts), spec.script, *spec.args]
+        return NodeCommand(argv, env, {path.name: yaml.safe_dump(config, sort_keys=False)})
+    if spec.framework == "ray":
+        argv = [python, "-m", RAY_MODULE, "--workers", str(workers),
+                "--gpus-per-worker", "0" if env["GPUFLEET_DEVICE"] == "cpu" else "1",
+                "--max-restarts", str(spec.max_restarts), "--storage", str(ctx.job_dir / "ray"),
+                "--", spec.script, *spec.args]
+        return NodeCommand(argv, env)
+    if spec.framework == "horovod":
+        # horovodrun starts the workers (HOROVOD_RANK/SIZE/LOCAL_RANK); gpufleet.train.setup()
+        # joins them in a torch.distributed group at this address, so strategies work unchanged.
+        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        argv = ["horovodrun", "-np", str(workers), "-H", f"localhost:{workers}",
+                python, spec.script, *spec.args]
+        return NodeCommand(argv, env)
+    raise ValueError(f"unknown framework {spec.framework}")
+
+
+def describe(commands: list[tuple[str, NodeCommand]], job_dir: Path) -> str:
+    """A plain-text dry run: per node, the command, gpufleet's environment and each file."""
+    lines: list[str] = []
+    for node, cmd in commands:
+        lines.append(f"# node {node}")
+        lines.append("# environment gpufleet adds (over the caller's own):")
+        lines.extend(f"{k}={shlex.quote(v)}" for k, v in sorted(cmd.env.items()))
+        lines.append("# command:")
+        lines.append(cmd.shell())
+        for name, content in cmd.files.items():
+            lines.append(f"# file {job_dir / name}:")
+            lines.extend(content.rstrip("\n").splitlines())
+        lines.append("")
+    return "\n".join(lines)

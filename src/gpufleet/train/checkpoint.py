@@ -1,0 +1,108 @@
+"""Checkpoints that load under another strategy or world size, through Distributed Checkpoint.
+
+Each rank writes the shards it holds, keyed by parameter name (the names a plain, unwrapped
+model has); loading reads whatever slices the new layout needs. So a run saved under DDP on 2
+ranks resumes under FSDP on 4, or under pipeline stages, with the same weights and Adam moments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+
+def _inner_optimizer(optimizer: Any) -> Any:
+    inner = getattr(optimizer, "_inner", optimizer)
+    if type(inner).__name__ == "ZeroRedundancyOptimizer":
+        raise ValueError("checkpoints of zero1 jobs are not supported yet: ZeroRedundancyOptimizer "
+                         "has no sharded state dict; use zero2 (same memory for optimizer state)")
+    return inner
+
+
+def _engine(model: nn.Module) -> Any:
+    """The DeepSpeed engine when `prepare` handed the model to DeepSpeed, else None."""
+    return model if type(model).__name__ == "DeepSpeedEngine" else None
+
+
+def save(path: str | Path, model: nn.Module, optimizer: Any = None, *, step: int = 0) -> None:
+    """Write a checkpoint folder at `path`; collective (every rank calls it).
+
+    Under DeepSpeed this is DeepSpeed's own checkpoint format (its engine owns the partitioned
+    optimizer state), which loads back under DeepSpeed.
+    """
+    engine = _engine(model)
+    if engine is not None:
+        engine.save_checkpoint(str(path), tag="gpufleet", client_state={"step": step})
+        return
+    if optimizer is None:
+        state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    else:
+        model_sd, optim_sd = get_state_dict(model, _inner_optimizer(optimizer))
+        state = {"model": model_sd, "optimizer": optim_sd}
+    state["meta"] = {"step": step}
+    dcp.save(state, checkpoint_id=str(path))
+
+
+def load(path: str | Path, model: nn.Module, optimizer: Any = None) -> int:
+    """Load a checkpoint written by `save` into this (prepared) model and optimizer, resharding
+    as needed; returns the step it was saved at. Collective."""
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    engine = _engine(model)
+    if engine is not None:
+        _, client = engine.load_checkpoint(str(path), tag="gpufleet",
+                                           load_optimizer_states=optimizer is not None)
+        return int((client or {}).get("step", 0))
+    if optimizer is None:
+        state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    else:
+        model_sd, optim_sd = get_state_dict(model, _inner_optimizer(optimizer))
+        state = {"model": model_sd, "optimizer": optim_sd}
+    state["meta"] = {"step": 0}
+    dcp.load(state, checkpoint_id=str(path))
+    if optimizer is None:
+        set_state_dict(model, (), model_state_dict=state["model"], optim_state_dict={})
+    else:
+        set_state_dict(model, _inner_optimizer(optimizer), model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+    return int(state["meta"]["step"])
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights as plain CPU tensors on rank 0 (empty elsewhere): for sampling
+    or export from a sharded or pipelined model. Collective."""
+    engine = _engine(model)
+    if engine is not None:
+        if engine.zero_optimization_partition_weights():  # ZeRO-3: gather the partitions
+            whole = engine._zero3_consolidated_16bit_state_dict() or {}
+        else:
+            whole = engine.module.state_dict()
+        rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        return {k: v.detach().float().cpu() for k, v in whole.items()} if rank0 else {}
+    rec = getattr(model, "_gpufleet_prepared", None)
+    if rec is None or rec.layout.pp == 1:
+        # One copy, gathered into rank 0's CPU memory only.
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return dict(get_model_state_dict(model, options=options))
+    # Pipeline stages hold different layers: each stage's first replica sends its part to rank 0.
+    whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    mesh = rec.mesh
+    first_replica = mesh["dp"].get_local_rank() == 0 and mesh["tp"].get_local_rank() == 0
+    mine = {k: v.detach().cpu() for k, v in whole.items()} if first_replica else {}
+    parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+    dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
+    merged: dict[str, torch.Tensor] = {}
+    for part in parts:
+        merged.update(part or {})
+    return merged
