@@ -370,8 +370,11 @@ def _preflight(spec: JobSpec, gpu: str, world: int, dry_run: bool = False) -> La
 def _importable(module: str) -> bool:
     """Whether the job's Python can import `module`, tried in a child process: importing Ray or
     Horovod here would be slow, and a broken install can fail in any way."""
-    probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
-                           timeout=120)
+    try:
+        probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                               timeout=120)
+    except subprocess.TimeoutExpired:
+        return False
     return probe.returncode == 0
 
 
