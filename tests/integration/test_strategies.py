@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,15 @@ def test_cleanup_exit_keeps_output_and_failures(tmp_path: Path, tail: str, code:
         assert proc.stdout.count("done") == 2
     else:
         assert "RuntimeError: late" in proc.stderr
+
+
+def test_pipeline_stages_keep_every_optimizer_group(tmp_path: Path) -> None:
+    out = torchrun(2, "pp_groups.py", str(tmp_path / "ckpt"))
+    # both ranks print; their lines can interleave, so find each flat JSON object
+    rows = [json.loads(m) for m in re.findall(r"RESULT (\{[^{}]*\})", out)]
+    assert len(rows) == 2, out
+    by_rank = {r["rank"]: r for r in rows}
+    assert by_rank[0]["sizes"][0] > 0 and by_rank[1]["sizes"][0] == 0  # stage 1 has no embeddings
+    for r in rows:
+        assert r["step"] == 1
+        assert r["lrs"] == pytest.approx([1e-3, 5e-3])  # settings and schedule survive the load

@@ -74,8 +74,15 @@ def load(path: str | Path, model: nn.Module, optimizer: Any = None) -> int:
     if optimizer is None:
         set_state_dict(model, (), model_state_dict=state["model"], optim_state_dict={})
     else:
-        set_state_dict(model, _inner_optimizer(optimizer), model_state_dict=state["model"],
+        inner = _inner_optimizer(optimizer)
+        before = [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups]
+        set_state_dict(model, inner, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
+        # A group with no parameters on this rank (a pipeline stage without embeddings, say)
+        # gets nothing back from the checkpoint, not even its settings: keep the ones it had.
+        for group, settings in zip(inner.param_groups, before, strict=False):
+            for key, value in settings.items():
+                group.setdefault(key, value)
     return int(state["meta"]["step"])
 
 

@@ -316,8 +316,9 @@ def _rebuild_optimizer(optimizer: Any, names: dict[int, str], module: nn.Module)
     """Point the user's optimizer at the parameters this rank now holds, in place.
 
     Sharding replaces parameters (FSDP2 and TP swap in DTensors, a pipeline stage keeps only
-    some), so the optimizer's groups are rebuilt by parameter name, keeping each group's settings;
-    groups left empty on this stage are dropped.
+    some), so the optimizer's groups are rebuilt by parameter name, keeping each group's settings.
+    A group with no parameters on this stage stays, empty, so group indices (which learning-rate
+    schedulers use) mean the same on every rank.
     """
     if optimizer.state:
         raise ValueError("prepare() needs an optimizer that has not stepped yet")
@@ -326,8 +327,7 @@ def _rebuild_optimizer(optimizer: Any, names: dict[int, str], module: nn.Module)
     for group in optimizer.param_groups:
         params = [now[_clean(names[id(p)])] for p in group["params"]
                   if id(p) in names and _clean(names[id(p)]) in now]
-        if params:
-            groups.append({**group, "params": params})
+        groups.append({**group, "params": params})
     optimizer.param_groups = groups
     return optimizer
 
