@@ -477,10 +477,10 @@ def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
     Under pipeline parallelism the batch goes through the schedule in microbatches and every
     stage gets the loss (the last stage computes it and shares it along the pipeline).
     """
-    rec = _record(model)
-    if rec is None or rec.layout.pp == 1:
-        if rec is None or rec.loss_fn is None:
-            raise ValueError("forward_backward needs the loss: pass loss_fn= to prepare")
+    rec = prepared(model)
+    if rec.loss_fn is None:
+        raise ValueError("forward_backward needs the loss: pass loss_fn= to prepare")
+    if rec.layout.pp == 1:
         engine = rec.extra.get("deepspeed")
         if engine is not None and inputs.is_floating_point():
             inputs = inputs.to(next(engine.module.parameters()).dtype)  # DeepSpeed casts weights, not inputs
@@ -503,7 +503,7 @@ def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
                          f"{rec.layout.microbatches} microbatches evenly")
     losses: list[torch.Tensor] = []
     first, last = rec.stage_index == 0, rec.is_last_stage
-    rec.schedule.step(*( (inputs,) if first else ()), target=targets if last else None,
+    rec.schedule.step(*((inputs,) if first else ()), target=targets if last else None,
                       losses=losses if last else None)
     return _share_loss(rec, losses)
 
@@ -512,7 +512,8 @@ def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
 def evaluate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean loss of a batch without gradients, for every strategy (pipelined under pp)."""
     rec = prepared(model)
-    assert rec.loss_fn is not None
+    if rec.loss_fn is None:
+        raise ValueError("evaluate needs the loss: pass loss_fn= to prepare")
     if rec.layout.pp == 1:
         return rec.loss_fn(model(inputs), targets).detach()
     losses: list[torch.Tensor] = []
