@@ -13,7 +13,7 @@ from gpufleet.parallelism import Layout
 from gpufleet.preflight import check, script_shape
 from gpufleet.spec import JobSpec
 
-ROOT = Path("/work/main")
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, wherever it is
 GPT = "examples/gpt.py"
 
 SOURCE = """
