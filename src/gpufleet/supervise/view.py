@@ -5,6 +5,7 @@ The live view during `run`, `status` and `status --json` all go through `job_vie
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -67,9 +68,15 @@ MODEL_STATE_METRICS = ("params_bytes", "grads_bytes", "optimizer_bytes", "cuda_m
 
 def layout_of(job: Job) -> str | None:
     """The job's strategy, mesh and precision in words, from its stored spec."""
+    return _layout_words(job.spec_json, job.world_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _layout_words(spec_json: str, world_size: int) -> str | None:
+    # Cached: the live view asks four times a second, and the answer never changes for a job.
     try:
-        spec = JobSpec.model_validate(json.loads(job.spec_json))
-        return f"{spec.layout(job.world_size).describe}, {spec.framework}"
+        spec = JobSpec.model_validate(json.loads(spec_json))
+        return f"{spec.layout(world_size).describe}, {spec.framework}"
     except (ValueError, TypeError):  # a spec stored by an older version, or an impossible one
         return None
 

@@ -21,6 +21,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from gpufleet.train.parallel import record_of
+
 
 def _inner_optimizer(optimizer: Any) -> Any:
     inner = getattr(optimizer, "_inner", optimizer)
@@ -32,7 +34,8 @@ def _inner_optimizer(optimizer: Any) -> Any:
 
 def _engine(model: nn.Module) -> Any:
     """The DeepSpeed engine when `prepare` handed the model to DeepSpeed, else None."""
-    return model if type(model).__name__ == "DeepSpeedEngine" else None
+    rec = record_of(model)
+    return rec.extra.get("deepspeed") if rec is not None else None
 
 
 def save(path: str | Path, model: nn.Module, optimizer: Any = None, *, step: int = 0) -> None:
@@ -97,7 +100,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             whole = engine.module.state_dict()
         rank0 = not dist.is_initialized() or dist.get_rank() == 0
         return {k: v.detach().float().cpu() for k, v in whole.items()} if rank0 else {}
-    rec = getattr(model, "_gpufleet_prepared", None)
+    rec = record_of(model)
     if rec is None or rec.layout.pp == 1:
         # One copy, gathered into rank 0's CPU memory only.
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -64,14 +64,15 @@ class Prepared:
 _RECORD = "_gpufleet_prepared"  # the attribute that ties a prepared model to its record
 
 
-def _record(model: nn.Module) -> Prepared | None:
+def record_of(model: nn.Module) -> Prepared | None:
+    """The record `prepare` attached to this model, or None for a model it did not return."""
     rec = getattr(model, _RECORD, None)
     return rec if isinstance(rec, Prepared) else None
 
 
 def prepared(model: nn.Module) -> Prepared:
     """The record for a model returned by `prepare`: its layout, optimizer, schedule."""
-    rec = _record(model)
+    rec = record_of(model)
     if rec is None:
         raise ValueError("this model did not come from gpufleet.train.prepare")
     return rec
@@ -92,10 +93,8 @@ def _mesh(device_type: str, layout: Layout) -> Any:
     return _MESHES[key]
 
 
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def prepare(model: nn.Module, optimizer: Any, loader: DataLoader[Any] | None = None, *,
@@ -104,7 +103,7 @@ def prepare(model: nn.Module, optimizer: Any, loader: DataLoader[Any] | None = N
     """Wrap `model`, `optimizer` and `loader` for the job's layout (from its environment unless
     `layout` is given). Call after `train.setup()`, with the optimizer built on `model`'s
     parameters. Returns replacements for all three; use them, not the originals."""
-    _, world = _world()
+    world = _world_size()
     layout = layout or Layout.from_env(dict(os.environ), world)
     if layout.world_size != world:
         raise ValueError(f"layout {layout.describe} needs {layout.world_size} ranks; "
@@ -129,7 +128,7 @@ def prepare(model: nn.Module, optimizer: Any, loader: DataLoader[Any] | None = N
     if layout.tp > 1:
         _tensor_parallel(module, rec.mesh["tp"])
     if layout.dp > 1:
-        module = _data_parallel(module, rec, optimizer)
+        module = _data_parallel(module, rec)
     if world > 1:
         optimizer = _rebuild_optimizer(optimizer, names, module)
     if layout.data_parallel == "zero1" and layout.dp > 1:
@@ -262,7 +261,7 @@ def _tensor_parallel(module: nn.Module, tp_mesh: Any) -> None:
     parallelize_module(module, tp_mesh, matched)
 
 
-def _data_parallel(module: nn.Module, rec: Prepared, optimizer: Any) -> nn.Module:
+def _data_parallel(module: nn.Module, rec: Prepared) -> nn.Module:
     layout = rec.layout
     kind = layout.data_parallel
     if kind in ("fsdp", "zero2", "zero3"):
@@ -436,15 +435,6 @@ class _StepOptimizer:
     def step(self, closure: Any = None) -> Any:
         return self._rec.scaler.step(self._inner, _params(self._inner))
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self._inner.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self._inner.state_dict())
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._inner.load_state_dict(state)
-
 
 def _params(optimizer: Any) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
@@ -541,7 +531,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
     stages hold disjoint parameters, so their squared norms add over the pipeline group; fp16
     gradients are unscaled first. Returns the total norm before clipping.
     """
-    rec = _record(model)
+    rec = record_of(model)
     engine = rec.extra.get("deepspeed") if rec is not None else None
     if engine is not None:
         # DeepSpeed clips inside engine.step(), with partitioned gradients only it can see:
