@@ -103,8 +103,7 @@ def accelerate_config(layout: Layout, placement: Placement, nodes: int, rank: in
     return config
 
 
-def _job_env(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContext,
-             workers: int) -> dict[str, str]:
+def _job_env(layout: Layout, placement: Placement, ctx: JobContext, workers: int) -> dict[str, str]:
     return {
         **device_env(placement, ctx.fabric, ctx.host_cpus, workers),
         **layout.to_env(),
@@ -117,8 +116,9 @@ def _job_env(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContex
     }
 
 
-def _torchrun_argv(spec: JobSpec, ctx: JobContext, workers: int, head: list[str]) -> list[str]:
-    return [*head, "--standalone", "--nnodes", "1", "--nproc-per-node", str(workers),
+def _torchrun_argv(spec: JobSpec, ctx: JobContext, workers: int) -> list[str]:
+    return [ctx.python, "-m", "torch.distributed.run",
+            "--standalone", "--nnodes", "1", "--nproc-per-node", str(workers),
             "--max-restarts", str(spec.max_restarts),
             "--log-dir", str(ctx.job_dir / "torchrun"), "--tee", "3",
             spec.script, *spec.args]
@@ -128,16 +128,15 @@ def build(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContext,
           port: int = 29500) -> NodeCommand:
     """One node's command under the job's framework (the local backend has one node)."""
     workers = spec.workers_per_node or len(placement.devices)
-    env = _job_env(spec, layout, placement, ctx, workers)
+    env = _job_env(layout, placement, ctx, workers)
     python = ctx.python
     if spec.framework == "torchrun":
-        return NodeCommand(_torchrun_argv(spec, ctx, workers, [python, "-m", "torch.distributed.run"]),
-                           env)
+        return NodeCommand(_torchrun_argv(spec, ctx, workers), env)
     if spec.framework == "deepspeed":
         path = ctx.job_dir / "ds_config.json"
         env["GPUFLEET_DEEPSPEED_CONFIG"] = str(path)
-        return NodeCommand(_torchrun_argv(spec, ctx, workers, [python, "-m", "torch.distributed.run"]),
-                           env, {path.name: json.dumps(deepspeed_config(layout), indent=2) + "\n"})
+        config_text = json.dumps(deepspeed_config(layout), indent=2) + "\n"
+        return NodeCommand(_torchrun_argv(spec, ctx, workers), env, {path.name: config_text})
     if spec.framework == "accelerate":
         path = ctx.job_dir / "accelerate.yaml"
         config = accelerate_config(layout, placement, 1, 0, "127.0.0.1", port)
