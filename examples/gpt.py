@@ -258,9 +258,7 @@ def main() -> None:
     window_start, window_samples = time.perf_counter(), 0
     stream = batches(loader)
     for step in range(1, args.steps + 1):
-        t0 = time.perf_counter()
         x, y = (t.to(ctx.device) for t in next(stream))
-        t1 = time.perf_counter()
         for group in optim.param_groups:
             group["lr"] = lr_at(step, args, warmup)
         loss = train.forward_backward(model, x, y)
@@ -286,10 +284,10 @@ def main() -> None:
         window_samples += global_batch
         if args.trace is not None and ctx.is_main:
             trace.append(f'{{"step": {step}, "t": {time.time()!r}, "samples": {global_batch}}}')
+        # Step time, data wait and communication time are measured by gpufleet and added.
         train.report(step, loss=loss_value if log_now else None, samples=global_batch,
-                     total_steps=args.steps,
-                     step_time_seconds=t2 - t0, data_time_seconds=t1 - t0,
-                     lr=optim.param_groups[0]["lr"], **(state if log_now else {}))
+                     total_steps=args.steps, lr=optim.param_groups[0]["lr"],
+                     **(state if log_now else {}))
         if log_now and ctx.is_main:
             rate = window_samples / (t2 - window_start)
             print(f"step {step}/{args.steps} loss {loss_value:.3f} samples/s {rate:.1f}",

@@ -95,7 +95,7 @@ def main() -> None:
             loss_value = loss.item()
         t2 = time.perf_counter()
         train.report(step, loss=loss_value, samples=global_batch, total_steps=args.steps,
-                     step_time_seconds=t2 - t0, data_time_seconds=t1 - t0)
+                     step_time_seconds=t2 - t0, data_wait_seconds=t1 - t0)
         if log_now and ctx.is_main:
             print(f"step {step}/{args.steps} loss {loss_value:.4f} "
                   f"samples/s {global_batch / (t2 - t0):.1f}", flush=True)

@@ -537,42 +537,108 @@ def logs(
 def status(
     job: Annotated[str, typer.Argument(help="Job name.")],
     as_json: Json = False,
-    watch: Annotated[bool, typer.Option("--watch", "-w", help="Update live until it ends.")] = False,
+    watch: Annotated[bool, typer.Option(
+        "--watch", "-w", help="Follow until the job ends, even when not on a terminal.")] = False,
+    once: Annotated[bool, typer.Option("--once", help="Print once, do not follow.")] = False,
 ) -> None:
-    """A job's progress: step, samples/s, loss, cost so far, ETA, events."""
+    """A job's progress, devices, diagnosis and events: live on a terminal while it runs.
+
+    Step, samples/s, loss, cost so far, ETA and projected cost; per device utilization and
+    memory; per rank step, data-wait and communication time; findings with the fix to try.
+    """
     from gpufleet import ui
     from gpufleet.supervise import jobs
-    from gpufleet.supervise.view import job_view
+    from gpufleet.web import data
 
     store = _store()
-
-    def current() -> Any:
-        j = jobs.refresh(store, job)
-        with store.session() as s:
-            c = s.get(Cluster, j.cluster_id)
-        assert c is not None
-        return j, job_view(j, c, time.time(), jobs.model_state(store, j.name))
-
-    j, view = current()
+    detail = data.job_detail(store, job, time.time())
     if as_json:
-        data = view.as_dict()
-        data["events"] = [{"time": e.time, "kind": e.kind, "reason": e.reason}
-                          for e in jobs.events(store, j.id)]
-        _print_json(data)
+        _print_json(detail)
         return
-    if watch and view.status in jobs.ACTIVE:
-        with Live(ui.job_panel(view), console=out, refresh_per_second=2) as live:
-            while view.status in jobs.ACTIVE:
-                time.sleep(0.5)
-                j, view = current()
-                live.update(ui.job_panel(view))
-    out.print(ui.summary_table(view) if view.status not in jobs.ACTIVE else ui.job_panel(view))
-    t = Table(title="Events", title_justify="left")
-    for col in ("time", "event", "reason"):
-        t.add_column(col)
-    for e in jobs.events(store, j.id):
-        t.add_row(time.strftime("%H:%M:%S", time.localtime(e.time)), e.kind, Text(e.reason))
-    out.print(t)
+    follow = (watch or (out.is_terminal and not once)) and detail["status"] in jobs.ACTIVE
+    if follow:
+        try:
+            with Live(ui.status_view(detail), console=out, refresh_per_second=2) as live:
+                while detail["status"] in jobs.ACTIVE:
+                    time.sleep(0.5)
+                    detail = data.job_detail(store, job, time.time())
+                    live.update(ui.status_view(detail))
+        except KeyboardInterrupt:  # leaving the view does not stop the job
+            return
+    else:
+        out.print(ui.status_view(detail))
+
+
+@app.command()
+def dashboard(
+    name: Annotated[str | None, typer.Argument(
+        help="A cluster or job to open the page on [default: the newest job].")] = None,
+    port: Annotated[int, typer.Option("--port", "-p", help="Port to serve on (0: any free).",
+                                      min=0, max=65535)] = 8470,
+    host: Annotated[str, typer.Option(
+        "--host", help="Address to bind. Anything but loopback requires the token printed "
+        "at start (kept in $GPUFLEET_HOME/dashboard-token).")] = "127.0.0.1",
+) -> None:
+    """Serve the live dashboard: every cluster and job, charts, cost, ETA, diagnosis; a JSON
+    API under /api and Prometheus metrics at /metrics."""
+    import socket
+
+    import uvicorn
+
+    from gpufleet.store import gpufleet_home
+    from gpufleet.web import auth
+    from gpufleet.web.app import create_app
+
+    store = _store()
+    if name is not None:
+        _check_focus(store, name)
+    token = None if auth.is_loopback(host) else auth.token(gpufleet_home())
+    try:  # bind first, so a busy port is one clear line, not a server traceback
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except (OSError, UnicodeError) as exc:
+        raise SpecError([("port" if "in use" in str(exc) else "host",
+                          f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}"
+                          + ("; pick another with --port, or --port 0 for any free one"
+                             if "in use" in str(exc) else ""))]) from None
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{bound}/"
+    err.print(f"gpufleet dashboard on {url}" + (f"?token={token}" if token else "")
+              + "   (Ctrl-C to stop)", highlight=False, soft_wrap=True)
+    if token:
+        err.print(f"API and /metrics need 'Authorization: Bearer {token}'", highlight=False,
+                  soft_wrap=True)
+    config = uvicorn.Config(create_app(store, token=token, focus=name), log_level="warning",
+                            access_log=False)
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+
+
+def _check_focus(store: Store, name: str) -> None:
+    with store.read() as s:
+        found = s.scalar(select(Job.id).where(Job.name == name)) or \
+            s.scalar(select(Cluster.id).where(Cluster.name == name))
+    if found is None:
+        raise NotFoundError(f"name: no cluster or job called '{name}' (see gpufleet list --all)")
+
+
+@app.command()
+def doctor(
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", "-c", help="Check this cluster's devices and environment.")] = None,
+    as_json: Json = False,
+) -> None:
+    """Check this machine for training: devices, driver/CUDA/torch/NCCL versions, BF16,
+    topology, NCCL settings, /dev/shm, open files, disk, and a real all-reduce."""
+    from gpufleet.doctor.command import doctor as run_doctor
+
+    raise typer.Exit(run_doctor(cluster, as_json, out))
 
 
 def _stop_job(store: Store, j: Job, timeout_s: float = 30.0) -> None:

@@ -5,6 +5,10 @@ Formatting only; every number comes from `plan.cost` or `supervise.view`.
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -62,7 +66,8 @@ def job_panel(v: JobView) -> Panel:
     line = Text.assemble(
         (f"step {done}/{total or '?'}  ", "bold"),
         f"samples/s {num(v.samples_per_s, '.1f')}  loss {num(v.loss)}  ",
-        f"cost {usd(v.cost_usd)}  ETA {duration(v.eta_s)}  elapsed {duration(v.elapsed_s)}",
+        f"cost {usd(v.cost_usd)}  ETA {duration(v.eta_s)}  "
+        f"projected {usd(v.projected_cost_usd)}  elapsed {duration(v.elapsed_s)}",
     )
     grid = Table.grid()
     grid.add_row(bar)
@@ -113,3 +118,73 @@ def summary_table(v: JobView) -> Table:
     if v.status != "succeeded" and v.reason:
         t.add_row("reason", Text(v.reason))
     return t
+
+
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**20:,.0f} MiB"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f} ms"
+
+
+def status_view(detail: dict[str, Any]) -> RenderableType:
+    """`gpufleet status`: the job panel (or summary once ended), devices, ranks, findings and
+    events, from `web.data.job_detail` (what the dashboard shows)."""
+    v = JobView(**{k: detail[k] for k in JobView.__dataclass_fields__})
+    parts: list[RenderableType] = [
+        job_panel(v) if v.status in ("starting", "running") else summary_table(v)]
+    latest: dict[str, dict[str, float]] = detail.get("latest", {})
+    devices = {k: m for k, m in latest.items() if "gpu_utilization" in m
+               or "gpu_memory_used_bytes" in m}
+    if devices:
+        t = Table(title="Devices", title_justify="left")
+        for col in ("device", "utilization", "memory", "power", "temp"):
+            t.add_column(col, justify="left" if col == "device" else "right")
+        for key, m in sorted(devices.items()):
+            total = m.get("gpu_memory_total_bytes")
+            used = m.get("gpu_memory_used_bytes")
+            mem = _mib(used) + (f" / {_mib(total)}" if total else "")
+            t.add_row(key, _pct(m.get("gpu_utilization")), mem,
+                      num(m.get("gpu_power_watts"), ".0f") + " W" if "gpu_power_watts" in m else "-",
+                      num(m.get("gpu_temperature_celsius"), ".0f") + " C"
+                      if "gpu_temperature_celsius" in m else "-")
+        parts.append(t)
+    ranks = {k: m for k, m in latest.items() if k.startswith("rank ") and "step_time_seconds" in m}
+    if ranks:
+        t = Table(title="Ranks", title_justify="left")
+        for col in ("rank", "step", "data wait", "communication", "bus bandwidth"):
+            t.add_column(col, justify="left" if col == "rank" else "right")
+        for key, m in sorted(ranks.items(), key=lambda kv: int(kv[0].split()[1])):
+            bw = m.get("comm_bandwidth_bytes_per_second")
+            t.add_row(key[5:], _ms(m.get("step_time_seconds")), _ms(m.get("data_wait_seconds")),
+                      _ms(m.get("comm_seconds")), "-" if bw is None else f"{bw / 1e9:.2f} GB/s")
+        parts.append(t)
+    findings = detail.get("findings", [])
+    if findings:
+        t = Table(title="Diagnosis", title_justify="left", show_lines=True)
+        for col in ("", "finding", "try"):
+            t.add_column(col)
+        for f in findings:
+            mark = f["severity"] if f["active"] else f"{f['severity']} (cleared)"
+            what = Text.assemble((f["title"], "bold"), "\n", f["detail"])
+            t.add_row(Text(mark, style=_SEVERITY_STYLE.get(f["severity"], "")), what,
+                      Text(f["fix"]))
+        parts.append(t)
+    events = detail.get("events", [])
+    if events:
+        t = Table(title="Events", title_justify="left")
+        for col in ("time", "event", "reason"):
+            t.add_column(col)
+        for e in events[-12:]:
+            t.add_row(time.strftime("%H:%M:%S", time.localtime(e["time"])), e["kind"],
+                      Text(e["reason"]))
+        parts.append(t)
+    return Group(*parts)

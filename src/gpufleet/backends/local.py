@@ -59,7 +59,7 @@ def nvml_devices() -> tuple[list[Device], str]:
         count = pynvml.nvmlDeviceGetCount()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         bus_to_index = {
-            _bus_id(pynvml.nvmlDeviceGetPciInfo(h).busId): i for i, h in enumerate(handles)
+            bus_id(pynvml.nvmlDeviceGetPciInfo(h).busId): i for i, h in enumerate(handles)
         }
         devices: list[Device] = []
         fabric = "pcie"
@@ -68,17 +68,10 @@ def nvml_devices() -> tuple[list[Device], str]:
             name = name.decode() if isinstance(name, bytes) else name
             gpu = catalog.gpu_from_nvml_name(name)
             peers: set[int] = set()
-            for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-                try:
-                    if pynvml.nvmlDeviceGetNvLinkState(h, link) != pynvml.NVML_FEATURE_ENABLED:
-                        continue
-                    remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link)
-                    kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link)
-                except pynvml.NVMLError:
-                    continue
-                if kind == getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2):
+            for remote_bus, to_switch in nvlink_remotes(pynvml, h):
+                if to_switch:
                     fabric = "nvswitch"
-                peer = bus_to_index.get(_bus_id(remote.busId))
+                peer = bus_to_index.get(remote_bus)
                 if peer is not None and peer != i:
                     peers.add(peer)
             if fabric == "nvswitch":
@@ -95,7 +88,24 @@ def nvml_devices() -> tuple[list[Device], str]:
         pynvml.nvmlShutdown()
 
 
-def _bus_id(raw: bytes | str) -> str:
+def nvlink_remotes(nvml: Any, handle: Any) -> list[tuple[str, bool]]:
+    """Each active NVLink of a GPU: (the remote end's PCI bus id, whether it is an NVSwitch).
+    Links NVML cannot describe are skipped."""
+    switch = getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+    out = []
+    for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            if nvml.nvmlDeviceGetNvLinkState(handle, link) != nvml.NVML_FEATURE_ENABLED:
+                continue
+            remote = nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+            kind = nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+        except nvml.NVMLError:
+            continue
+        out.append((bus_id(remote.busId), kind == switch))
+    return out
+
+
+def bus_id(raw: bytes | str) -> str:
     text = raw.decode() if isinstance(raw, bytes) else raw
     return text.lower().lstrip("0")
 

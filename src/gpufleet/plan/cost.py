@@ -68,6 +68,13 @@ def accrued_usd(usd_per_hour: float, started_at: float | None, ended_at: float |
     return cost_usd(usd_per_hour, end - started_at)
 
 
+def projected_usd(so_far: float, usd_per_hour: float, eta_s: float | None) -> float | None:
+    """What a running job will have cost when it ends: so far, plus the rate over the ETA."""
+    if eta_s is None:
+        return None
+    return so_far + cost_usd(usd_per_hour, eta_s)
+
+
 def saving(rates: list[Rate]) -> tuple[float, float] | None:
     """(dollars per hour, fraction) saved by the cheapest book against the dearest."""
     if len(rates) < 2:

@@ -1,6 +1,6 @@
-"""Durable state: clusters, device reservations, jobs, job events and metric samples."""
+"""Durable state: clusters, device reservations, jobs, job events, metric samples, diagnoses."""
 
 from gpufleet.store.db import Store, gpufleet_home
-from gpufleet.store.models import Cluster, Event, Job, Metric, Reservation
+from gpufleet.store.models import Cluster, Diagnosis, Event, Job, Metric, Reservation
 
-__all__ = ["Cluster", "Event", "Job", "Metric", "Reservation", "Store", "gpufleet_home"]
+__all__ = ["Cluster", "Diagnosis", "Event", "Job", "Metric", "Reservation", "Store", "gpufleet_home"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -91,7 +91,8 @@ class Event(Base):
 
 
 class Metric(Base):
-    """One sample in the shared schema: (time, cluster, job, node, rank, name, value)."""
+    """One sample in the shared schema (telemetry/schema.py): (time, cluster, job, node, rank,
+    device, name, value). Device samples have rank -1 and a device; job samples neither."""
 
     __tablename__ = "metrics"
     __table_args__ = (Index("ix_metrics_job_name_time", "job", "name", "time"),)
@@ -104,3 +105,26 @@ class Metric(Base):
     rank: Mapped[int] = mapped_column(Integer)
     name: Mapped[str] = mapped_column(String(64))
     value: Mapped[float] = mapped_column(Float)
+    device: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # seconds each row stands for: None for a raw sample, else the bucket of a downsampled mean
+    resolution: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Diagnosis(Base):
+    """A diagnosis about a job (telemetry/diagnose.py), kept while it holds and after."""
+
+    __tablename__ = "findings"
+    __table_args__ = (UniqueConstraint("job_id", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    key: Mapped[str] = mapped_column(String(96))  # rule:subject
+    rule: Mapped[str] = mapped_column(String(32))
+    severity: Mapped[str] = mapped_column(String(16))
+    subject: Mapped[str] = mapped_column(String(64), default="")
+    title: Mapped[str] = mapped_column(Text)
+    detail: Mapped[str] = mapped_column(Text)
+    fix: Mapped[str] = mapped_column(Text)
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)

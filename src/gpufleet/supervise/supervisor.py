@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import math
 import os
 import select
 import signal
@@ -31,10 +32,13 @@ from gpufleet.store import Cluster, Job, Metric, Store
 from gpufleet.supervise import jobs
 from gpufleet.supervise.logs import LogSink, failed_rank, last_exception
 from gpufleet.supervise.progress import Report, Throughput
+from gpufleet.supervise.telemetry import TelemetryState
 from gpufleet.supervise.view import MODEL_STATE_METRICS, JobView, job_view
+from gpufleet.telemetry.recent import Recent
+from gpufleet.telemetry.schema import JOB_RANK
 
-FLUSH_EVERY_S = 1.0
-_NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total")
+FLUSH_EVERY_S = 0.25  # reports reach the store (and the dashboard) at most this late
+_NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total", "pid")
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -59,6 +63,9 @@ class Supervisor:
         self.error: str | None = None
         self.throughput = Throughput()
         self.pending_metrics: list[Metric] = []
+        self.lock = threading.Lock()  # pending_metrics: the sampler thread adds to it too
+        self.recent = Recent()
+        self.telemetry = TelemetryState(self)
         self.model_state: dict[int, dict[str, float]] = {}  # rank -> latest model-state bytes
         self.progress_dirty = False
 
@@ -117,6 +124,7 @@ class Supervisor:
             handle = self.backend.start(cmd.argv, env, Path(self.spec.workdir or "."))
             reader = threading.Thread(target=self._read_output, args=(handle, sink), daemon=True)
             reader.start()
+            self.telemetry.start(handle, placement, env, sink)
             code = self._watch(handle, sock)
         except KeyboardInterrupt:
             self.interrupted = True
@@ -128,6 +136,7 @@ class Supervisor:
         finally:
             if main:  # a second Ctrl-C must not cut the clean-up short and leave workers behind
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
+            self.telemetry.stop()
             if handle is not None and self.backend.poll(handle) is None:
                 self.backend.kill_tree(handle)
             _end_descendants()
@@ -138,6 +147,8 @@ class Supervisor:
                 sock.close()
             with contextlib.suppress(Exception):
                 self._flush()
+            with contextlib.suppress(Exception):  # log rules: OOM, timeouts, for the post-mortem
+                self.telemetry.diagnose(time.time(), final=True)
         try:
             return self._done(code, sink)
         finally:
@@ -163,6 +174,7 @@ class Supervisor:
             if now - last_flush >= FLUSH_EVERY_S:
                 self._flush()
                 last_flush = now
+            self.telemetry.tick(now)
             if self.on_tick and now - last_tick >= 0.25:
                 self.on_tick(self.view(now))
                 last_tick = now
@@ -203,13 +215,21 @@ class Supervisor:
         r = Report(t=float(rec["t"]), rank=int(rec["rank"]), step=int(rec["step"]),
                    samples=rec.get("samples"), loss=rec.get("loss"),
                    total_steps=rec.get("total_steps"), samples_total=rec.get("samples_total"))
+        if isinstance(rec.get("pid"), int):
+            self.telemetry.worker_pid(r.rank, rec["pid"])
+        rows = []
         for key, value in rec.items():
             if key in MODEL_STATE_METRICS and isinstance(value, int | float):
                 self.model_state.setdefault(r.rank, {})[key] = float(value)
-            if key not in _NOT_METRICS and isinstance(value, int | float):
-                self.pending_metrics.append(Metric(
-                    time=r.t, cluster=self.cluster.name, job=self.job.name, node="local",
-                    rank=r.rank, name=key, value=float(value)))
+            if key not in _NOT_METRICS and isinstance(value, int | float) \
+                    and not isinstance(value, bool):
+                self.recent.add(key, r.rank, r.t, float(value))  # NaN too: a diagnosis
+                if math.isfinite(value):  # SQL has no NaN; a lost sample, not a lost job
+                    rows.append(Metric(
+                        time=r.t, cluster=self.cluster.name, job=self.job.name, node="local",
+                        rank=r.rank, name=key, value=float(value)))
+        with self.lock:
+            self.pending_metrics += rows
         if r.rank != 0:
             return
         j = self.job
@@ -227,18 +247,27 @@ class Supervisor:
         j.samples_per_s = self.throughput.samples_per_s()
         self.progress_dirty = True
 
+    def add_samples(self, rows: list[Metric]) -> None:
+        with self.lock:
+            self.pending_metrics += rows
+
     def _flush(self) -> None:
-        if not self.progress_dirty and not self.pending_metrics:
+        with self.lock:
+            rows, self.pending_metrics = self.pending_metrics, []
+        if not self.progress_dirty and not rows:
             return
         j = self.job
+        if self.progress_dirty and j.samples_per_s is not None and j.last_report_at is not None:
+            rows.append(Metric(time=j.last_report_at, cluster=self.cluster.name, job=j.name,
+                               node="local", rank=JOB_RANK, name="job_samples_per_second",
+                               value=j.samples_per_s))
         with self.store.session() as s:
             row = s.get(Job, j.id)
-            if row is not None:
+            if row is not None and self.progress_dirty:
                 for k in ("step", "total_steps", "samples", "loss", "first_loss", "samples_per_s",
                           "first_step", "first_step_at", "last_report_at"):
                     setattr(row, k, getattr(j, k))
-            s.add_all(self.pending_metrics)
-        self.pending_metrics = []
+            s.add_all(rows)
         self.progress_dirty = False
 
     # -- outcome --------------------------------------------------------------------------------

@@ -31,11 +31,14 @@ class JobView:
     elapsed_s: float
     eta_s: float | None
     cost_usd: float
+    projected_cost_usd: float | None  # so far plus the rate over the ETA; final once ended
     usd_per_hour: float
     price_book: str | None
     reason: str | None
     exit_code: int | None
     layout: str | None = None  # strategy, mesh, precision, framework
+    started_at: float | None = None  # UNIX seconds: the workers started / the job ended
+    ended_at: float | None = None
     # rank -> {"params_bytes", "grads_bytes", "optimizer_bytes", ["cuda_max_allocated_bytes"]}
     model_state: dict[int, dict[str, float]] = field(default_factory=dict)
 
@@ -89,13 +92,17 @@ def job_view(job: Job, cluster: Cluster, now: float,
     sps = seconds_per_step(job)
     if job.status in ("starting", "running") and sps is not None and job.total_steps:
         eta = max(0, job.total_steps - (job.step or 0)) * sps
+    so_far = job_cost_usd(job, cluster, now)
+    projected = so_far if job.status not in ("starting", "running") else \
+        cost.projected_usd(so_far, cluster.usd_per_hour, eta)
     return JobView(
         job=job.name, cluster=cluster.name, gpu=cluster.gpu, status=job.status,
         world_size=job.world_size, step=job.step, total_steps=job.total_steps, loss=job.loss,
         first_loss=job.first_loss, samples=job.samples, samples_per_s=job.samples_per_s,
         elapsed_s=max(0.0, end - start), eta_s=eta,
-        cost_usd=job_cost_usd(job, cluster, now),
+        cost_usd=so_far, projected_cost_usd=projected,
         usd_per_hour=cluster.usd_per_hour, price_book=cluster.price_book,
         reason=job.reason, exit_code=job.exit_code, layout=layout_of(job),
+        started_at=job.started_at, ended_at=job.ended_at,
         model_state=dict(sorted((model_state or {}).items())),
     )

@@ -33,6 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from gpufleet.parallelism import Layout
+from gpufleet.train import telemetry
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -290,7 +291,10 @@ def _data_parallel(module: nn.Module, rec: Prepared) -> nn.Module:
 
     ids = [rec.device.index] if rec.device.type == "cuda" else None
     group = rec.mesh["dp"].get_group() if rec.mesh is not None else None
-    return DistributedDataParallel(module, device_ids=ids, process_group=group)
+    ddp = DistributedDataParallel(module, device_ids=ids, process_group=group)
+    if telemetry.ENABLED:
+        telemetry.install_comm_hook(ddp, group)
+    return ddp
 
 
 def _blocks(module: nn.Module) -> list[nn.Module]:
@@ -385,10 +389,12 @@ class LossScaler:
     def step(self, optimizer: Any, params: list[torch.Tensor]) -> Any:
         self.unscale_(params)
         result = None
-        if self._found_inf.item() == 0:
+        if self._found_inf.item() == 0:  # waits for the device: reading the scale is free now
             result = optimizer.step()
         else:
             self.skipped_steps += 1
+        telemetry.COUNTERS.skipped_steps = self.skipped_steps
+        telemetry.COUNTERS.loss_scale = float(self.scale.item())
         torch._amp_update_scale_(self.scale, self._growth_tracker, self._found_inf,
                                  2.0, 0.5, self.growth_interval)
         self.unscaled = False
@@ -428,6 +434,7 @@ class _StepOptimizer:
 
     def __init__(self, inner: Any, rec: Prepared) -> None:
         self._inner, self._rec = inner, rec
+        telemetry.COUNTERS.skipped_steps = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -588,7 +595,7 @@ class _EpochLoader(DataLoader):  # type: ignore[type-arg,misc]
             sampler.set_epoch(self._epoch)
         self._epoch += 1
         it: Iterator[Any] = super().__iter__()
-        return it
+        return telemetry.timed_batches(it) if telemetry.ENABLED else it
 
 
 def _shard_loader(loader: DataLoader[Any], replicas: int, rank: int) -> DataLoader[Any]:

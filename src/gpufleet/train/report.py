@@ -13,6 +13,8 @@ import socket
 import time
 from typing import Any
 
+from gpufleet.train import telemetry
+
 _MAX_DATAGRAM = 8192
 
 
@@ -22,6 +24,7 @@ class _Reporter:
         self.sock: socket.socket | None = None
         self.rank = int(os.environ.get("RANK", "0"))
         self.samples_total = 0
+        self.pid = os.getpid()  # lets the supervisor find this rank's process for CPU telemetry
         raw = os.environ.get("GPUFLEET_REPORT_ADDR", "")
         host, _, port = raw.rpartition(":")
         if host and port.isdigit():
@@ -53,6 +56,10 @@ def report(step: int, *, loss: float | None = None, samples: int | None = None,
     planned number of steps, for the ETA. Extra keyword metrics are numbers, e.g.
     `step_time_seconds=0.12`. Without a supervisor (bare torchrun) this does nothing.
 
+    Step time, time waiting for data and communication time are added for you (see
+    train/telemetry.py) unless you pass them; a script that reports every Nth step still gets
+    per-step figures.
+
     Pass Python numbers: a CUDA tensor would make this call wait for the GPU (`float()` syncs),
     so take `loss.item()` only on the steps you report the loss, as examples/gpt.py does.
     """
@@ -61,7 +68,10 @@ def report(step: int, *, loss: float | None = None, samples: int | None = None,
         _reporter = _Reporter()
     if _reporter.sock is None:
         return
-    record: dict[str, Any] = {"t": time.time(), "rank": _reporter.rank, "step": int(step)}
+    record: dict[str, Any] = {"t": time.time(), "rank": _reporter.rank, "step": int(step),
+                              "pid": _reporter.pid}
+    if telemetry.ENABLED:
+        record.update(telemetry.COUNTERS.take(int(step)))
     if loss is not None:
         record["loss"] = float(loss)
     if samples is not None:

@@ -1,0 +1,165 @@
+"""`gpufleet doctor [--cluster NAME] [--json]`: check a node before paying for a job on it.
+
+Per node: pick what to check (a cluster's reserved devices, or this host's GPUs, else 2 CPU
+workers), gather the facts, judge them, print. Doctor reserves nothing and writes nothing to the
+store; the all-reduce's processes are gone when it returns.
+
+`python -m gpufleet.doctor.command` runs the same command without the Typer CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from gpufleet.doctor import checks
+from gpufleet.doctor.model import Check, Target
+from gpufleet.errors import ConflictError, GpufleetError
+from gpufleet.pool.model import Device, Node
+
+STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+MATRIX_LEGEND = ("NV#: # NVLinks. PCIe path: PIX one bridge, PXB several bridges, PHB the CPU's "
+                 "host bridge, NODE host bridges in a NUMA node, SYS across CPU sockets "
+                 "(as in `nvidia-smi topo -m`)")
+DEFAULT_CPU_WORKERS = 2  # without --cluster on a host with no GPU: the smallest real all-reduce
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    node: str
+    cluster: str | None
+    checks: list[Check]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"node": self.node, "cluster": self.cluster,
+                "checks": [c.to_dict() for c in self.checks]}
+
+
+def default_target(node: Node) -> Target:
+    """Without --cluster: every GPU the node has, else two CPU workers."""
+    gpus = tuple(d for d in node.devices if d.gpu != "cpu")
+    if gpus:
+        return Target(node.id, None, gpus[0].gpu, node.gpu_fabric, gpus)
+    slots = tuple(Device(id=f"cpu{i}", index=i, gpu="cpu", memory_bytes=0)
+                  for i in range(DEFAULT_CPU_WORKERS))
+    return Target(node.id, None, "cpu", "pcie", slots)
+
+
+def cluster_targets(name: str) -> list[Target]:
+    """The cluster's reserved devices, one target per node; a stopped cluster is refused."""
+    from gpufleet import clusters
+    from gpufleet.store import Store
+
+    store = Store()
+    cluster = clusters.get(store, name)
+    if cluster.status not in clusters.ACTIVE:
+        raise ConflictError(f"cluster: '{name}' is {cluster.status}; launch it again to check it")
+    return [Target(p.node_id, cluster.name, cluster.gpu, cluster.network, p.devices)
+            for p in clusters.placements(store, cluster)]
+
+
+def check_nodes(targets: list[Target] | None, node: Node) -> list[NodeReport]:
+    """Gather and judge each target's node. Only this host can be probed today; a target on
+    another node (a future multi-node backend) is reported as not checked."""
+    from gpufleet.doctor import facts
+
+    nvml = facts.nvml_facts()
+    reports = []
+    for target in targets if targets is not None else [default_target(node)]:
+        if target.node != node.id:
+            reports.append(NodeReport(target.node, target.cluster, [Check(
+                "node", "warn", f"not checked: doctor probes this host ({node.id}) only",
+                f"run `gpufleet doctor` on {target.node}")]))
+            continue
+        reports.append(NodeReport(target.node, target.cluster,
+                                  checks.run_all(facts.gather(target, node, nvml))))
+    return reports
+
+
+def _report_table(r: NodeReport) -> Table:
+    title = f"Node {r.node}" + (f", cluster {r.cluster}" if r.cluster else "")
+    t = Table(title=title, title_justify="left")
+    t.add_column("CHECK", no_wrap=True)
+    t.add_column("STATUS", no_wrap=True)
+    t.add_column("DETAIL")
+    t.add_column("FIX")
+    for c in r.checks:
+        t.add_row(c.name, Text(c.status.upper(), style=STYLE[c.status]), c.detail, c.fix or "-")
+    return t
+
+
+def _matrix_table(c: Check) -> Table:
+    """The GPU link matrix, laid out like `nvidia-smi topo -m`."""
+    gpus = list(c.data["gpus"])
+    t = Table(title="GPU topology", title_justify="left")
+    t.add_column("")
+    for g in gpus:
+        t.add_column(g, justify="center")
+    for g, row in zip(gpus, c.data["matrix"], strict=True):
+        t.add_row(g, *row)
+    return t
+
+
+def render(reports: list[NodeReport], console: Console) -> None:
+    for r in reports:
+        console.print(_report_table(r))
+        for c in r.checks:
+            if c.name == "topology" and "matrix" in c.data:
+                console.print(_matrix_table(c))
+                console.print(MATRIX_LEGEND, highlight=False)
+    counts = checks.summary([c for r in reports for c in r.checks])
+    style = "bold red" if counts["failed"] else "yellow" if counts["warnings"] else "green"
+    console.print(Text(checks.summary_line(counts), style=style))
+
+
+def doctor(cluster: str | None, as_json: bool, console: Console) -> int:
+    """Check the cluster's node(s), or this host; print a table or JSON on `console`.
+
+    Returns the exit code: 1 when any check fails, else 0. An unknown cluster raises
+    NotFoundError and a stopped one ConflictError (the CLI prints them and exits 2).
+    """
+    from gpufleet.backends.local import LocalBackend
+
+    targets = cluster_targets(cluster) if cluster is not None else None
+    # No state_dir: an unusable $GPUFLEET_HOME is the disk check's finding, not an error here.
+    [node] = LocalBackend().discover()
+    if as_json or not console.is_terminal:
+        reports = check_nodes(targets, node)
+    else:
+        with console.status("Checking (the all-reduce takes a few seconds)..."):
+            reports = check_nodes(targets, node)
+    every = [c for r in reports for c in r.checks]
+    counts = checks.summary(every)
+    if as_json:
+        doc = {"nodes": [r.to_dict() for r in reports], "summary": counts,
+               "ok": counts["failed"] == 0}
+        console.out(json.dumps(doc, indent=2), highlight=False)
+    else:
+        render(reports, console)
+    return 1 if counts["failed"] else 0
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpufleet doctor", description=(
+        "Check devices, driver and library versions, BF16, topology, NCCL settings, /dev/shm, "
+        "open-file limit, disk and a real all-reduce."))
+    parser.add_argument("--cluster", help="check this cluster's devices (default: this host)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    opts = parser.parse_args(args)
+    out = Console(width=None if Console().is_terminal else 160)
+    try:
+        return doctor(opts.cluster, opts.json, out)
+    except GpufleetError as e:
+        err = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
+        err.print(Text.assemble(("error: ", "bold red"), str(e)), highlight=False, soft_wrap=True)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

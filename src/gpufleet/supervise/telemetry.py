@@ -1,0 +1,184 @@
+"""The supervisor's telemetry duties: sample devices once a second, diagnose every few seconds,
+downsample old samples every minute.
+
+Kept apart from the supervisor's process handling; it only touches the supervisor through
+`add_samples`, `recent`, `job`, `cluster`, `spec` and `store`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from gpufleet import catalog
+from gpufleet.backends.local import cpu_slot_count
+from gpufleet.pool.model import Placement
+from gpufleet.store import Metric, retention
+from gpufleet.supervise.view import seconds_per_step
+from gpufleet.telemetry import records
+from gpufleet.telemetry.collect import CpuSampler, NvmlSampler
+from gpufleet.telemetry.diagnose import Inputs, Thresholds, diagnose
+from gpufleet.telemetry.schema import DEVICE_METRICS
+
+if TYPE_CHECKING:
+    from gpufleet.backends.local import Handle
+    from gpufleet.supervise.logs import LogSink
+    from gpufleet.supervise.supervisor import Supervisor
+
+ENABLED_ENV = "GPUFLEET_TELEMETRY"
+
+
+class TelemetryState:
+    def __init__(self, sup: Supervisor):
+        self.sup = sup
+        self.enabled = os.environ.get(ENABLED_ENV, "1") != "0"
+        self.cpu: CpuSampler | None = None
+        self.nvml: NvmlSampler | None = None
+        self.handle: Handle | None = None
+        self.sink: LogSink | None = None
+        self.thread: threading.Thread | None = None
+        self.stopping = threading.Event()
+        self.last_diagnosis = self.last_compaction = time.time()
+        self.baseline: float | None = None
+        self.failed = False
+        self.thresholds = thresholds_from_env(os.environ)
+
+    def start(self, handle: Handle, placement: Placement, env: dict[str, str],
+              sink: LogSink) -> None:
+        self.handle, self.sink = handle, sink
+        sup = self.sup
+        with contextlib.suppress(Exception):  # a yardstick is a nicety, never a failure
+            self.baseline = records.baseline_samples_per_s(sup.store, sup.job, sup.cluster.gpu)
+        if not self.enabled:
+            return
+        devices = list(placement.devices)
+        ids = [d.id for d in devices]
+        if all(d.gpu == "cpu" for d in devices):
+            threads = int(env.get("OMP_NUM_THREADS", "1") or 1)
+            per_slot = psutil.virtual_memory().total // cpu_slot_count()
+            self.cpu = CpuSampler(ids, threads, per_slot)
+        else:
+            try:
+                self.nvml = NvmlSampler([d.index for d in devices], ids)
+            except Exception:  # no NVML after all: reports still flow, devices go unmeasured
+                self.nvml = None
+        self.thread = threading.Thread(target=self._sample_loop, daemon=True,
+                                       name="gpufleet-telemetry")
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        if self.nvml is not None:
+            self.nvml.close()
+
+    def worker_pid(self, rank: int, pid: int) -> None:
+        if self.cpu is not None:
+            self.cpu.pids[rank] = pid
+
+    def _sample_loop(self) -> None:
+        while not self.stopping.wait(_until_next_second()):
+            try:
+                self._sample(time.time())
+            except Exception:  # telemetry must never take the job down
+                continue
+
+    def _sample(self, now: float) -> None:
+        sup = self.sup
+        samples = []
+        if self.cpu is not None and self.handle is not None:
+            self.cpu.find(self.handle.pid)
+            samples = self.cpu.sample()
+        elif self.nvml is not None:
+            samples = self.nvml.sample()
+        rows = [Metric(time=now, cluster=sup.cluster.name, job=sup.job.name, node="local",
+                       rank=s.key, device=s.device, name=s.name, value=s.value) for s in samples]
+        for s in samples:
+            sup.recent.add(s.name, s.key, now, s.value)
+        sup.add_samples(rows)
+
+    def tick(self, now: float) -> None:
+        """Called from the supervisor's loop. A failure here is written to the job folder once
+        and the job goes on: telemetry must never take a training run down."""
+        try:
+            if now - self.last_diagnosis >= DIAGNOSE_EVERY_S:
+                self.last_diagnosis = now
+                self.diagnose(now)
+            if now - self.last_compaction >= COMPACT_EVERY_S:
+                self.last_compaction = now
+                retention.compact(self.sup.store, self.sup.job.name, now)
+        except Exception:
+            if not self.failed:
+                self.failed = True
+                with contextlib.suppress(OSError):
+                    (Path(self.sup.job.job_dir) / "telemetry-error.log").write_text(
+                        traceback.format_exc())
+
+    def inputs(self, now: float, final: bool = False) -> Inputs:
+        sup = self.sup
+        job, cluster = sup.job, sup.cluster
+        snap = sup.recent.snapshot(now)
+        gpu = catalog.gpu_types().get(cluster.gpu)
+        layout: Any = None
+        with contextlib.suppress(ValueError, TypeError):
+            layout = sup.spec.layout(job.world_size)
+        return Inputs(
+            now=now, status="ended" if final else job.status, started_at=job.started_at,
+            last_report_at=job.last_report_at, step=job.step,
+            seconds_per_step=seconds_per_step(job), world_size=job.world_size,
+            on_gpu=cluster.gpu != "cpu", gpu=cluster.gpu, gpu_bf16=bool(gpu and gpu.bf16),
+            precision=layout.precision if layout else sup.spec.precision,
+            strategy=sup.spec.strategy,
+            ranks={k: v for k, v in snap.items() if k not in DEVICE_METRICS},
+            devices={k: v for k, v in snap.items() if k in DEVICE_METRICS},
+            log_tail=tuple(self._log_tail()), samples_per_s=job.samples_per_s,
+            baseline_samples_per_s=self.baseline,
+        )
+
+    def diagnose(self, now: float, final: bool = False) -> None:
+        found = diagnose(self.inputs(now, final), self.thresholds)
+        records.save_findings(self.sup.store, self.sup.job.id, found, now, final)
+
+    def _log_tail(self) -> list[str]:
+        if self.sink is None:
+            return []
+        lines: list[str] = []
+        for rank, tail in list(self.sink.tails.items()):
+            for _ in range(3):  # the reader thread may append while we copy
+                try:
+                    copied = list(tail)
+                    break
+                except RuntimeError:
+                    copied = []
+            prefix = f"[rank {rank}] " if rank is not None else ""
+            lines += [prefix + ln for ln in copied]
+        return lines
+
+
+def thresholds_from_env(env: dict[str, str] | os._Environ[str]) -> Thresholds:
+    """$GPUFLEET_STALL_AFTER_S: how long without a step before a running job counts as
+    stalled (default 120 s, or ten step times if longer), for jobs with long quiet phases."""
+    raw = env.get("GPUFLEET_STALL_AFTER_S", "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return Thresholds()
+    return Thresholds(stall_min_s=value, startup_s=max(value, Thresholds().startup_s)) \
+        if value > 0 else Thresholds()
+
+
+DIAGNOSE_EVERY_S = 5.0
+COMPACT_EVERY_S = 60.0
+
+
+def _until_next_second() -> float:
+    """Sample on whole seconds, so every device's samples share timestamps."""
+    return 1.0 - (time.time() % 1.0)

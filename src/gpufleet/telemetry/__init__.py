@@ -1,0 +1,1 @@
+"""Telemetry: the metric schema, device collectors, storage queries and the diagnosis rules."""

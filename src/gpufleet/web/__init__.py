@@ -1,0 +1,1 @@
+"""The dashboard: a FastAPI app over the store (JSON API, Prometheus /metrics, one page)."""

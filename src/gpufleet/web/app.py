@@ -1,0 +1,88 @@
+"""The dashboard app: one static page, a read-only JSON API and `/metrics`.
+
+Nothing here starts a process or reads a file other than the store and the page's own static
+files: the API only answers questions about clusters and jobs already recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Query, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpufleet.errors import GpufleetError, NotFoundError
+from gpufleet.store import Store
+from gpufleet.web import auth, data, prom
+
+STATIC = resources.files("gpufleet.web") / "static"
+
+
+def create_app(store: Store, token: str | None = None, focus: str | None = None) -> FastAPI:
+    """`token`: required on every request when set (the dashboard is bound beyond loopback).
+    `focus`: the cluster or job the page opens on."""
+    app = FastAPI(title="gpufleet dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    registry = prom.registry(store)
+
+    @app.middleware("http")
+    async def require_token(request: Request, call_next: Any) -> Response:
+        given = auth.presented(request.headers.get("authorization"),
+                               request.cookies.get(auth.COOKIE), request.query_params.get("token"))
+        if not auth.allowed(token, given):
+            why = ("this dashboard is bound beyond loopback, so it needs its token: open the "
+                   "URL `gpufleet dashboard` printed (it ends in ?token=...), or send "
+                   "'Authorization: Bearer TOKEN'; the token is in $GPUFLEET_HOME/dashboard-token")
+            headers = {"WWW-Authenticate": "Bearer"}
+            if request.url.path == "/":
+                return HTMLResponse(f"<!doctype html><title>gpufleet: token needed</title>"
+                                    f"<p>{why}</p>", status_code=401, headers=headers)
+            return JSONResponse({"error": why}, status_code=401, headers=headers)
+        response: Response = await call_next(request)
+        if token is not None and request.query_params.get("token"):
+            response.set_cookie(auth.COOKIE, token, httponly=True, samesite="strict")
+        return response
+
+    @app.exception_handler(GpufleetError)
+    async def gpufleet_error(_request: Request, exc: GpufleetError) -> JSONResponse:
+        status = 404 if isinstance(exc, NotFoundError) else 400
+        return JSONResponse({"error": str(exc)}, status_code=status)
+
+    @app.get("/", response_class=HTMLResponse)
+    def page() -> str:
+        html = (STATIC / "index.html").read_text()
+        return html.replace("__GPUFLEET_FOCUS__", _js_string(focus or ""))
+
+    @app.get("/api/clusters")
+    def api_clusters(all: bool = False) -> list[dict[str, Any]]:
+        return data.all_clusters(store, time.time(), active_only=not all)
+
+    @app.get("/api/jobs")
+    def api_jobs(limit: int = Query(100, ge=1, le=1000)) -> list[dict[str, Any]]:
+        return [v.as_dict() for _, _, v in data.views(store, time.time(), limit=limit)]
+
+    @app.get("/api/jobs/{name}")
+    def api_job(name: str) -> dict[str, Any]:
+        return data.job_detail(store, name, time.time())
+
+    @app.get("/api/jobs/{name}/series")
+    def api_series(name: str, since: float = 0.0, names: str | None = None) -> dict[str, Any]:
+        wanted = [n for n in names.split(",") if n] if names else None
+        return data.job_series(store, name, since, wanted, time.time())
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+    return app
+
+
+def _js_string(value: str) -> str:
+    """A value to put inside a JS string literal in the page, safely."""
+    import json
+
+    return json.dumps(value)[1:-1].replace("<", "\\u003c")

@@ -1,0 +1,139 @@
+"""The dashboard's JSON API and /metrics against a real job and a real server, and its access
+rules: loopback without a token, any other address only with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fleet_helpers import WORKERS, Fleet
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def dashboard(fleet: Fleet) -> Iterator[str]:
+    """`gpufleet dashboard --port 0` of the fleet's home; yields its base URL."""
+    proc = fleet.popen("dashboard", "--port", "0")
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert "gpufleet dashboard on http://127.0.0.1:" in line, line
+        yield line.split(" on ", 1)[1].split()[0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def test_api_and_metrics_follow_a_running_job(fleet: Fleet, dashboard: str) -> None:
+    fleet.ok("run", str(WORKERS / "telemetry_job.py"), "--gpu", "cpu", "--count", "2",
+             "--name", "api", "--detach", "-y", "--", "--steps", "3000", "--step-sleep", "0.01")
+    fleet.wait_for_step("api", 20)
+    time.sleep(2.5)  # a few device samples
+    with httpx.Client(base_url=dashboard, timeout=10) as http:
+        clusters = http.get("/api/clusters").json()
+        assert [c["job"] for c in clusters] == ["api"] and clusters[0]["devices"] == ["cpu0", "cpu1"]
+        jobs = http.get("/api/jobs").json()
+        assert jobs[0]["job"] == "api" and jobs[0]["status"] == "running"
+
+        detail = http.get("/api/jobs/api").json()
+        assert detail["step"] >= 20 and detail["eta_s"] > 0
+        assert detail["projected_cost_usd"] > detail["cost_usd"] > 0
+        assert set(detail["latest"]) >= {"cpu0", "cpu1", "rank 0", "rank 1"}
+        assert 0 < detail["latest"]["cpu0"]["gpu_utilization"] <= 1
+        assert detail["latest"]["rank 0"]["comm_seconds"] > 0  # DDP's hook measured it
+
+        first = http.get("/api/jobs/api/series", params={"names": "job_samples_per_second"}).json()
+        points = first["series"]["job_samples_per_second"]["job"]
+        assert len(points) >= 3
+        time.sleep(1.5)
+        more = http.get("/api/jobs/api/series", params={
+            "names": "job_samples_per_second", "since": points[-1][0]}).json()
+        newer = more["series"]["job_samples_per_second"]["job"]
+        assert newer and all(t > points[-1][0] for t, _ in newer)  # only what is new
+
+        before = time.time()
+        m = _metrics(http.get("/metrics").text)
+        after = time.time()
+        assert http.get("/api/jobs/nope").status_code == 404
+        assert http.post("/api/jobs/api").status_code == 405  # read-only API
+        assert http.get("/static/../state.db").status_code == 404
+
+    def one(name: str, **labels: str) -> float:
+        hits = [v for lab, v in m[name] if all(lab.get(k) == w for k, w in labels.items())]
+        assert len(hits) == 1, (name, labels, m.get(name))
+        return hits[0]
+
+    cluster = clusters[0]["name"]
+    assert one("gpufleet_job_running", gpufleet_job="api") == 1.0
+    util = [v for lab, v in m["gpufleet_gpu_utilization"] if lab["gpufleet_job"] == "api"]
+    assert len(util) == 2 and all(0 < v <= 1 for v in util)
+    assert {lab["gpu"] for lab, _ in m["gpufleet_gpu_utilization"]} == {"cpu0", "cpu1"}
+    assert one("gpufleet_step_time_seconds", gpufleet_job="api", rank="1") > 0
+    # the same function priced the page and /metrics: equal up to the time between the calls
+    rate = clusters[0]["usd_per_hour"]
+    status = fleet.status("api")
+    job_cost = one("gpufleet_job_cost_usd", gpufleet_job="api", cluster=cluster)
+    assert abs(job_cost - status["cost_usd"]) <= rate * (time.time() - before + 1) / 3600
+    assert one("gpufleet_cluster_usd_per_hour", cluster=cluster) == rate
+    assert one("gpufleet_job_samples_per_second", gpufleet_job="api") > 0
+    assert after - before < 2
+    fleet.ok("stop", "api")
+
+
+def test_loopback_dashboard_refuses_a_name_it_does_not_know(fleet: Fleet) -> None:
+    r = fleet("dashboard", "nosuchjob", "--port", "0", timeout=30)
+    assert r.returncode == 2 and "no cluster or job called 'nosuchjob'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_busy_port_is_one_clear_line(fleet: Fleet, dashboard: str) -> None:
+    port = dashboard.rstrip("/").rsplit(":", 1)[1]
+    r = fleet("dashboard", "--port", port, timeout=30)
+    assert r.returncode == 2 and "cannot listen on 127.0.0.1:" in r.stderr
+    assert "--port 0" in r.stderr and "Traceback" not in r.stderr
+
+
+def _can_make_namespaces() -> bool:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+def test_any_other_address_needs_the_token(fleet: Fleet, tmp_path: Path) -> None:
+    """Bound to a non-loopback address (inside a private network namespace, so nothing is
+    exposed): every page, API and metrics request without the token is refused."""
+    if not _can_make_namespaces():
+        if os.environ.get("CI"):
+            pytest.fail("CI must be able to create network namespaces (root, unshare, ip)")
+        pytest.skip("needs root to create a network namespace (unshare -n)")
+    r = subprocess.run(["unshare", "-n", sys.executable, str(WORKERS / "ns_dashboard_probe.py")],
+                       env=fleet.env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    assert out["no_token"] == {"": 401, "api/jobs": 401, "metrics": 401, "static/app.js": 401}
+    assert out["wrong_token"] == 401
+    assert out["bearer"] == {"": 200, "api/jobs": 200, "metrics": 200}
+    assert out["query"] == 200
+    token_file = fleet.home / "dashboard-token"
+    assert token_file.read_text().strip() == out["token"]
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert "Bearer" in out["second_line"]

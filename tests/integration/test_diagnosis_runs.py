@@ -1,0 +1,73 @@
+"""Each diagnosis, provoked by a real job on CPU workers, is found and shown with its fix.
+
+tests/unit/test_diagnose.py pins the rules' thresholds on synthetic series; these runs show the
+whole path works: the worker SDK measures, the supervisor samples and diagnoses, the store keeps
+the finding, `status --json` and the events report it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fleet_helpers import WORKERS, Fleet
+
+pytestmark = pytest.mark.integration
+
+JOB = str(WORKERS / "telemetry_job.py")
+
+CASES: list[tuple[str, list[str], list[str], dict[str, str], str, str, str]] = [
+    # (id, gpufleet run options, script args, env, rule, severity, words in the detail)
+    ("data", [], ["--steps", "150", "--data-delay", "0.06"], {}, "data_loading", "warning",
+     "wait"),
+    ("oom", [], ["--steps", "100", "--oom-after", "5"], {}, "memory", "critical",
+     "can't allocate memory"),
+    ("timeout", [], ["--steps", "100", "--timeout-after", "5", "--pg-timeout", "3"], {},
+     "comm_timeout", "critical", "Timed out"),
+    ("straggler", [], ["--steps", "120", "--straggle", "0.05"], {}, "straggler", "warning",
+     "Rank 1"),
+    ("stall", [], ["--steps", "30", "--stall-after", "10", "--stall-s", "12"],
+     {"GPUFLEET_STALL_AFTER_S": "4"}, "stalled", "critical", "last step 10"),
+    ("fp16", ["--precision", "fp16-mixed"], ["--steps", "200", "--lr", "1e4"], {}, "precision",
+     "warning", "non-finite loss"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_a_provoked_problem_is_diagnosed(fleet: Fleet, case: tuple[Any, ...]) -> None:
+    name, options, script_args, env, rule, severity, words = case
+    r = fleet("run", JOB, "--gpu", "cpu", "--count", "2", "--name", name, "-y", *options, "--",
+              *script_args, timeout=150, env=env)
+    status = fleet.status(name)
+    found = {f["rule"]: f for f in status["findings"]}
+    assert rule in found, f"{rule} not found in {status['findings']}\n{r.stdout[-2000:]}"
+    f = found[rule]
+    assert f["severity"] == severity
+    assert words in f["detail"] and f["fix"]
+    # the finding's first appearance is an event of the job's history
+    assert any(e["kind"] == "diagnosis" and f["title"] in e["reason"] for e in status["events"])
+
+
+def test_poor_scaling_against_a_one_worker_run_of_the_same_script(fleet: Fleet) -> None:
+    """A wide model in batches of one: each step all-reduces 17 MB for almost no compute. One
+    worker sets the yardstick; two then scale far below 70%."""
+    args = ["--", "--steps", "400", "--wide", "2048", "--batch", "1"]
+    fleet.ok("run", JOB, "--gpu", "cpu", "--count", "1", "--name", "one", "-y", *args,
+             timeout=150)
+    fleet.ok("run", JOB, "--gpu", "cpu", "--count", "2", "--name", "two", "-y", *args,
+             timeout=150)
+    found = {f["rule"]: f for f in fleet.status("two")["findings"]}
+    assert "scaling" in found, fleet.status("two")
+    assert "efficiency" in found["scaling"]["detail"]
+    assert fleet.status("one")["findings"] == []  # one worker has nothing to scale
+
+
+def test_a_healthy_run_has_no_warnings(fleet: Fleet) -> None:
+    """The default job (a tiny model in small batches on gloo) is communication-bound; a wider
+    model in large batches computes most of each step: nothing to report, no false alarms."""
+    fleet.ok("run", JOB, "--gpu", "cpu", "--count", "2", "--name", "fine", "-y", "--",
+             "--steps", "100", "--batch", "512", "--dim", "256", "--wide", "1024", timeout=150)
+    status = fleet.status("fine")
+    assert [f for f in status["findings"] if f["severity"] != "info"] == []
+    text = fleet.ok("status", "fine").stdout
+    assert "Devices" in text and "Ranks" in text  # telemetry tables, from the same data
