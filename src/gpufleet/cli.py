@@ -611,7 +611,8 @@ def dashboard(
     if token:
         err.print(f"API and /metrics need 'Authorization: Bearer {token}'", highlight=False,
                   soft_wrap=True)
-    config = uvicorn.Config(create_app(store, token=token, focus=name), log_level="warning",
+    config = uvicorn.Config(create_app(store, token=token, focus=name, bound=host),
+                            log_level="warning",
                             access_log=False)
     server = uvicorn.Server(config)
     try:

@@ -75,7 +75,13 @@ def test_api_and_metrics_follow_a_running_job(fleet: Fleet, dashboard: str) -> N
         after = time.time()
         assert http.get("/api/jobs/nope").status_code == 404
         assert http.post("/api/jobs/api").status_code == 405  # read-only API
-        assert http.get("/static/../state.db").status_code == 404
+        # no file outside the page's folder: app.py sits right beside static/ (httpx would
+        # normalise "/static/../app.py" away, so the dots are sent encoded)
+        assert http.get("/static/app.js").status_code == 200
+        assert http.get("/static/%2e%2e/app.py").status_code == 404
+        assert http.get("/static/%2e%2e%2fapp.py").status_code == 404
+        # DNS rebinding: a page whose own name resolves to 127.0.0.1 gets nothing
+        assert http.get("/api/jobs", headers={"host": "evil.example"}).status_code == 403
 
     def one(name: str, **labels: str) -> float:
         hits = [v for lab, v in m[name] if all(lab.get(k) == w for k, w in labels.items())]

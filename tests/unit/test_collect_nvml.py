@@ -64,11 +64,13 @@ def test_units_and_keys() -> None:
 
 
 def test_nvlink_rate_from_two_readings() -> None:
-    sampler = NvmlSampler([0], ["gpu0"], nvml=fake_nvml([1000.0, 1000.0 + 2048.0]))
+    times = iter([100.0, 102.0])
+    sampler = NvmlSampler([0], ["gpu0"], nvml=fake_nvml([1000.0, 1000.0 + 2048.0]),
+                          clock=lambda: next(times))
     sampler.sample()
     second = by_name(sampler.sample(), 0)
-    # 2,048 KiB more between two readings a few microseconds apart: a positive rate in bytes/s
-    assert second["gpu_nvlink_bytes_per_second"] > 2048 * 1024
+    # 2,048 KiB more (sent plus received) over 2 s: 1 MiB/s
+    assert second["gpu_nvlink_bytes_per_second"] == 2048 * 1024 / 2
 
 
 def test_unsupported_readings_are_left_out_not_zero() -> None:

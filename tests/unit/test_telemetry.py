@@ -10,7 +10,8 @@ import pytest
 
 from gpufleet.plan import cost
 from gpufleet.store import retention
-from gpufleet.supervise.telemetry import thresholds_from_env
+from gpufleet.supervise.supervisor import _opt
+from gpufleet.supervise.telemetry import threads_of, thresholds_from_env
 from gpufleet.telemetry import schema
 from gpufleet.telemetry.diagnose import Thresholds
 from gpufleet.telemetry.recent import Recent
@@ -155,3 +156,24 @@ def test_token_sources_and_comparison() -> None:
     assert not auth.allowed("secret", None)
     assert not auth.allowed("secret", "secreT")
     assert auth.allowed("secret", "secret")
+
+
+@pytest.mark.parametrize("host,ok", [("127.0.0.1:8470", True), ("localhost:8470", True),
+                                     ("[::1]:8470", True), ("LOCALHOST", True),
+                                     ("evil.example:8470", False), ("127.0.0.1.evil.example", False),
+                                     (None, False), ("127.0.0.2:8470", True)])
+def test_a_tokenless_dashboard_answers_loopback_names_only(host: str | None, ok: bool) -> None:
+    assert auth.host_allowed(host, bound="127.0.0.2") is ok
+
+
+@pytest.mark.parametrize("value,threads", [("4", 4), ("4,2", 4), ("", 1), ("auto", 1), ("0", 1)])
+def test_threads_per_worker_from_omp_num_threads(value: str, threads: int) -> None:
+    assert threads_of({"OMP_NUM_THREADS": value}) == threads
+
+
+def test_report_fields_must_be_numbers() -> None:
+    """The report port is open to any local process: a string must not reach the store."""
+    assert _opt(int, 12.0) == 12 and _opt(float, 3) == 3.0 and _opt(int, None) is None
+    for bad in ("<img src=x onerror=alert(1)>", [1], True):
+        with pytest.raises(ValueError):
+            _opt(int, bad)

@@ -208,13 +208,16 @@ class Supervisor:
             try:
                 rec = json.loads(data)
                 self._on_report(rec)
-            except (ValueError, TypeError, KeyError):
+            except (ValueError, TypeError, KeyError, OverflowError):
                 continue  # a malformed datagram is not worth failing a job over
 
     def _on_report(self, rec: dict[str, Any]) -> None:
+        # Typed here: the port is open to any local process, and a string in an Integer column
+        # would reach the page (a ValueError drops the datagram instead).
         r = Report(t=float(rec["t"]), rank=int(rec["rank"]), step=int(rec["step"]),
-                   samples=rec.get("samples"), loss=rec.get("loss"),
-                   total_steps=rec.get("total_steps"), samples_total=rec.get("samples_total"))
+                   samples=_opt(int, rec.get("samples")), loss=_opt(float, rec.get("loss")),
+                   total_steps=_opt(int, rec.get("total_steps")),
+                   samples_total=_opt(int, rec.get("samples_total")))
         if isinstance(rec.get("pid"), int):
             self.telemetry.worker_pid(r.rank, rec["pid"])
         rows = []
@@ -301,6 +304,15 @@ class Supervisor:
             self.cluster = clusters.stop(self.store, self.cluster.name,
                                          reason=f"job {self.job.name} ended",
                                          cluster_id=self.cluster.id)
+
+
+def _opt(kind: type[int] | type[float], value: Any) -> Any:
+    """`value` as `kind`, None kept; anything else (a string, a list) raises ValueError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"not a number: {value!r}")
+    return kind(value)
 
 
 def _free_port() -> int:

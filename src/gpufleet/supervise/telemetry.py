@@ -52,18 +52,23 @@ class TelemetryState:
 
     def start(self, handle: Handle, placement: Placement, env: dict[str, str],
               sink: LogSink) -> None:
+        """Start sampling. Called with the workers already running, so nothing here may raise:
+        a failure is written to the job folder and the job goes on without device telemetry."""
         self.handle, self.sink = handle, sink
         sup = self.sup
-        with contextlib.suppress(Exception):  # a yardstick is a nicety, never a failure
+        try:
             self.baseline = records.baseline_samples_per_s(sup.store, sup.job, sup.cluster.gpu)
-        if not self.enabled:
-            return
+            if self.enabled:
+                self._start_sampler(placement, env)
+        except Exception:
+            self._failed()
+
+    def _start_sampler(self, placement: Placement, env: dict[str, str]) -> None:
         devices = list(placement.devices)
         ids = [d.id for d in devices]
         if all(d.gpu == "cpu" for d in devices):
-            threads = int(env.get("OMP_NUM_THREADS", "1") or 1)
             per_slot = psutil.virtual_memory().total // cpu_slot_count()
-            self.cpu = CpuSampler(ids, threads, per_slot)
+            self.cpu = CpuSampler(ids, threads_of(env), per_slot)
         else:
             try:
                 self.nvml = NvmlSampler([d.index for d in devices], ids)
@@ -116,11 +121,16 @@ class TelemetryState:
                 self.last_compaction = now
                 retention.compact(self.sup.store, self.sup.job.name, now)
         except Exception:
-            if not self.failed:
-                self.failed = True
-                with contextlib.suppress(OSError):
-                    (Path(self.sup.job.job_dir) / "telemetry-error.log").write_text(
-                        traceback.format_exc())
+            self._failed()
+
+    def _failed(self) -> None:
+        """Keep the first telemetry failure's traceback in the job folder (later ones are
+        usually its echo)."""
+        if not self.failed:
+            self.failed = True
+            with contextlib.suppress(OSError):
+                (Path(self.sup.job.job_dir) / "telemetry-error.log").write_text(
+                    traceback.format_exc())
 
     def inputs(self, now: float, final: bool = False) -> Inputs:
         sup = self.sup
@@ -161,6 +171,13 @@ class TelemetryState:
             prefix = f"[rank {rank}] " if rank is not None else ""
             lines += [prefix + ln for ln in copied]
         return lines
+
+
+def threads_of(env: dict[str, str]) -> int:
+    """Threads per worker from OMP_NUM_THREADS, which may be a nested list ("4,2": the first
+    level is the worker's); 1 when unset or unreadable."""
+    first = env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else 1
 
 
 def thresholds_from_env(env: dict[str, str] | os._Environ[str]) -> Thresholds:

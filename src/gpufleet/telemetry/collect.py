@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,18 +47,19 @@ class CpuSampler:
             children = psutil.Process(root_pid).children(recursive=True)
         except psutil.Error:
             return
+        known = set(self.pids.values())
         for p in children:
             try:
                 rank = p.environ().get("RANK")
             except psutil.Error:
                 continue
             if rank is not None and rank.isdigit() and int(rank) not in self.pids \
-                    and p.pid not in self.pids.values():
+                    and p.pid not in known:
                 self.pids[int(rank)] = p.pid
 
     def sample(self) -> list[Sample]:
         out: list[Sample] = []
-        for rank, pid in sorted(self.pids.items()):
+        for rank, pid in sorted(dict(self.pids).items()):  # reports may add pids meanwhile
             if rank >= len(self.devices):
                 continue
             proc = self._procs.get(pid)
@@ -88,7 +90,8 @@ class NvmlSampler:
     not reported as zero.
     """
 
-    def __init__(self, indices: list[int], devices: list[str], nvml: Any = None):
+    def __init__(self, indices: list[int], devices: list[str], nvml: Any = None,
+                 clock: Callable[[], float] = time.monotonic):
         if nvml is None:
             import pynvml
 
@@ -97,6 +100,7 @@ class NvmlSampler:
         nvml.nvmlInit()
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
         self.devices = devices
+        self.clock = clock
         self._nvlink_prev: dict[int, tuple[float, float]] = {}  # key -> (time, KiB counter)
 
     def close(self) -> None:
@@ -147,7 +151,7 @@ class NvmlSampler:
         if not values or any(v.nvmlReturn != 0 for v in values):
             return None
         total = float(sum(v.value.ullVal for v in values))
-        now = time.monotonic()
+        now = self.clock()
         prev = self._nvlink_prev.get(key)
         self._nvlink_prev[key] = (now, total)
         if prev is None or now <= prev[0] or total < prev[1]:

@@ -90,8 +90,13 @@ def timed_batches(batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def install_comm_hook(ddp: Any, group: Any) -> None:
-    """Replace DDP's all-reduce with the same all-reduce (average over the group), timed from
-    the moment a bucket is ready to the moment its reduction completes.
+    """Time DDP's gradient communication, from the moment a bucket is ready to the moment its
+    reduction completes, without taking DDP's one comm-hook slot from the script.
+
+    DDP accepts one `register_comm_hook` call per model. So nothing is registered here: the
+    model's `register_comm_hook` is replaced by one that registers the script's own hook
+    (PowerSGD, bf16 compression, ...) wrapped in the timing, and if the script registers none
+    by its first forward, DDP's own averaging all-reduce is registered, timed the same way.
 
     On gloo the completion callback runs when the data has arrived. On NCCL it runs when the
     collective is queued on the stream, so the figure is a lower bound there.
@@ -100,22 +105,44 @@ def install_comm_hook(ddp: Any, group: Any) -> None:
 
     size = group.size() if group is not None else dist.get_world_size()
     COUNTERS.comm_world = size
+    register = ddp.register_comm_hook
+    taken = [False]
 
-    def hook(state: Any, bucket: Any) -> Any:
+    def register_timed(state: Any, hook: Any) -> None:
+        taken[0] = True
+        register(state, _timed(hook))
+
+    def average(state: Any, bucket: Any) -> Any:  # what DDP does without a hook
         buffer = bucket.buffer()
-        started = time.perf_counter()
         future = dist.all_reduce(buffer.div_(size), group=state, async_op=True).get_future()
+        return future.then(lambda f: f.value()[0])
+
+    def first_forward(_module: Any, _args: Any) -> None:
+        pending.remove()
+        if not taken[0]:
+            register_timed(group, average)
+
+    ddp.register_comm_hook = register_timed
+    pending = ddp.register_forward_pre_hook(first_forward)
+
+
+def _timed(hook: Any) -> Any:
+    """`hook` with the time from call to completion and the bucket's bytes counted."""
+    import torch
+    import torch.distributed as dist
+
+    def timed(state: Any, bucket: Any) -> Any:
+        nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
+        started = time.perf_counter()
 
         def done(f: Any) -> Any:
-            COUNTERS.comm_done(started, time.perf_counter(), buffer.numel() * buffer.element_size())
-            return f.value()[0]
+            COUNTERS.comm_done(started, time.perf_counter(), nbytes)
+            return f.value()
 
-        return future.then(done)
+        return hook(state, bucket).then(done)
 
-    # DDP checks the hook's annotations against the real classes; postponed annotations (the
+    # DDP checks a hook's annotations against the real classes; postponed annotations (the
     # `from __future__` import above) would be strings, so they are set here explicitly.
-    import torch
-
-    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
-                            "return": torch.futures.Future[torch.Tensor]}
-    ddp.register_comm_hook(group, hook)
+    timed.__annotations__ = {"state": object, "bucket": dist.GradBucket,
+                             "return": torch.futures.Future[torch.Tensor]}
+    return timed

@@ -22,14 +22,19 @@ from gpufleet.web import auth, data, prom
 STATIC = resources.files("gpufleet.web") / "static"
 
 
-def create_app(store: Store, token: str | None = None, focus: str | None = None) -> FastAPI:
-    """`token`: required on every request when set (the dashboard is bound beyond loopback).
-    `focus`: the cluster or job the page opens on."""
+def create_app(store: Store, token: str | None = None, focus: str | None = None,
+               bound: str = "127.0.0.1") -> FastAPI:
+    """`token`: required on every request when set (the dashboard is bound beyond loopback);
+    without one, only requests addressed to loopback (or `bound`) are answered. `focus`: the
+    cluster or job the page opens on."""
     app = FastAPI(title="gpufleet dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     registry = prom.registry(store)
 
     @app.middleware("http")
     async def require_token(request: Request, call_next: Any) -> Response:
+        if token is None and not auth.host_allowed(request.headers.get("host"), bound):
+            return JSONResponse({"error": "this dashboard answers requests to 127.0.0.1 or "
+                                 "localhost only"}, status_code=403)
         given = auth.presented(request.headers.get("authorization"),
                                request.cookies.get(auth.COOKIE), request.query_params.get("token"))
         if not auth.allowed(token, given):

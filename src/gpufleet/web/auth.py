@@ -43,6 +43,23 @@ def token(home: Path) -> str:
     return value
 
 
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def host_allowed(host_header: str | None, bound: str) -> bool:
+    """A dashboard without a token answers only requests addressed to a loopback name: a web
+    page elsewhere could otherwise point its own DNS name at 127.0.0.1 (DNS rebinding) and read
+    the API from the user's browser."""
+    if not host_header:
+        return False
+    host = host_header.strip()
+    if host.startswith("["):  # [::1]:8470
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host.lower() in LOOPBACK_NAMES or host == bound
+
+
 def presented(header: str | None, cookie: str | None, query: str | None) -> str | None:
     """The token a request carries, from the Authorization header, the cookie or ?token=."""
     if header and header.lower().startswith("bearer "):

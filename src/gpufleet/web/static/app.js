@@ -208,7 +208,7 @@
           data-name="${esc(j.job)}" title="${esc(j.layout || "")}">
         <div class="r1"><span class="dot st-${esc(j.status)}"></span><b>${esc(j.job)}</b>
           <span class="right">${usd(j.cost_usd)}</span></div>
-        <div class="r2">${esc(j.gpu)} × ${j.world_size} · ${j.step ?? 0}/${j.total_steps ?? "?"}
+        <div class="r2">${esc(j.gpu)} × ${esc(j.world_size)} · ${esc(j.step ?? 0)}/${esc(j.total_steps ?? "?")}
           · ${j.status === "running" && j.samples_per_s != null ? num(j.samples_per_s) + "/s" : esc(j.status)}</div>
         <div class="mini"><div style="width:${pct}%"></div></div></li>`;
     }).join("") || `<li class="muted">none yet</li>`;
@@ -216,7 +216,7 @@
         data-kind="cluster" data-name="${esc(c.name)}">
         <div class="r1"><span class="dot st-${esc(c.status)}"></span><b>${esc(c.name)}</b>
           <span class="right">${usd(c.cost_usd)}</span></div>
-        <div class="r2">${esc(c.gpu)} × ${c.count} · ${esc(c.network)} · $${num(c.usd_per_hour, 2)}/h</div>
+        <div class="r2">${esc(c.gpu)} × ${esc(c.count)} · ${esc(c.network)} · $${num(c.usd_per_hour, 2)}/h</div>
         <div class="r2">${c.job ? `job ${esc(c.job)} (${esc(c.job_status)})` : "no job"} · ${esc(c.status)}</div>
       </li>`).join("") || `<li class="muted">none</li>`;
   }
