@@ -176,17 +176,12 @@ def launch(
 
 
 def _cluster_dict(store: Store, c: Cluster, now: float, nodes: list[Any]) -> dict[str, Any]:
-    with store.read() as s:
-        job = s.scalar(select(Job).where(Job.cluster_id == c.id).order_by(Job.id.desc()))
-    return {
-        "name": c.name, "gpu": c.gpu, "count": c.count, "nodes": c.nodes,
-        "devices": clusters.device_ids(store, c), "topology": c.network,
-        "health": clusters.health(c, clusters.placements(store, c), nodes), "status": c.status,
-        "price_book": c.price_book, "usd_per_hour": c.usd_per_hour,
-        "age_s": now - c.created_at,
-        "cost_usd": cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, now),
-        "job": job.name if job else None, "job_status": job.status if job else None,
-    }
+    """What the dashboard shows of a cluster, plus its health against the devices seen now."""
+    from gpufleet.web import data
+
+    row = data.cluster_dict(store, c, now)
+    return {**row, "topology": c.network, "age_s": now - c.created_at,
+            "health": clusters.health(c, clusters.placements(store, c), nodes)}
 
 
 @app.command("list")

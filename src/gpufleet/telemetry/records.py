@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -15,12 +14,6 @@ from sqlalchemy import select
 from gpufleet.store import Diagnosis, Event, Job, Metric, Store
 from gpufleet.telemetry.diagnose import Finding
 from gpufleet.telemetry.schema import JOB_RANK
-
-
-@dataclass(frozen=True)
-class Point:
-    t: float
-    value: float
 
 
 def series(store: Store, job: str, since: float = 0.0, names: Iterable[str] | None = None,
