@@ -35,7 +35,9 @@ SCRIPT = ROOT / "examples" / "gpt.py"
 
 def run_once(launcher: str, workers: int, steps: int, warmup: int, workdir: Path) -> dict[str, float]:
     trace = workdir / f"{launcher}-{time.monotonic_ns()}.jsonl"
-    script_args = ["--steps", str(steps), "--log-every", str(steps), "--trace", str(trace)]
+    # no checkpoints: bare torchrun would not write them (no job folder), so neither side does
+    script_args = ["--steps", str(steps), "--log-every", str(steps), "--trace", str(trace),
+                   "--checkpoint-every", "0"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if launcher == "torchrun":
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",

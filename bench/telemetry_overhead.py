@@ -79,7 +79,8 @@ def run_once(telemetry: bool, workers: int, steps: int, warmup: int, workdir: Pa
     job = f"bench-{time.monotonic_ns()}"
     argv = [sys.executable, "-m", "gpufleet.cli", "run", "--gpu", "cpu", "--count", str(workers),
             "--cpu-slots", str(workers), "-y", "--name", job, str(SCRIPT), "--",
-            "--steps", str(steps), "--log-every", "10", "--trace", str(trace)]
+            "--steps", str(steps), "--log-every", "10", "--trace", str(trace),
+            "--checkpoint-every", "0"]  # checkpoints are measured in bench/checkpoint.py
     dash = probe = None
     if watch:
         home.mkdir(parents=True, mode=0o700)

@@ -296,13 +296,38 @@ def run(
         "--dry-run", help="Print each node's command, env and generated configs; start nothing.")] = False,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for workers.")] = None,
     max_restarts: Annotated[int | None, typer.Option(
-        "--max-restarts", help="Restarts of the worker group on failure.")] = None,
+        "--max-restarts", help="Restarts of the worker group on failure, from the last "
+        "checkpoint [default: 0].")] = None,
+    hang_timeout: Annotated[str | None, typer.Option(
+        "--hang-timeout", help="No rank reporting for this long is a hang, handled as a "
+        "failure [default: 5m].")] = None,
+    checkpoint_to: Annotated[str | None, typer.Option(
+        "--checkpoint-to", help="Durable folder or fsspec URL checkpoints are copied to.")] = None,
+    workers: Annotated[str | None, typer.Option(
+        "--workers", help="Elastic worker range MIN:MAX, resized on utilization.")] = None,
+    scale_up_util: Annotated[float | None, typer.Option(
+        "--scale-up-util", help="Grow at or above this mean utilization [default: 0.9].")] = None,
+    scale_down_util: Annotated[float | None, typer.Option(
+        "--scale-down-util", help="Shrink at or below this [default: 0.5].")] = None,
+    cooldown: Annotated[str | None, typer.Option(
+        "--cooldown", help="Wait after a start or resize before the next [default: 60s].")] = None,
+    resume: Annotated[str | None, typer.Option(
+        "--resume", help="Start an ended job again from its last checkpoint.")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="Keep a new cluster after the job.")] = False,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Return at once.")] = False,
     cpu_slots: CpuSlots = None,
     yes: Yes = False,
 ) -> None:
     """Run a torchrun-style script on a cluster (existing, or new from --gpu/--count)."""
+    if resume is not None:
+        named = [opt for opt, v in (("SCRIPT", script), ("-f", file), ("--cluster", cluster),
+                                    ("--gpu", gpu), ("--count", count), ("--name", name))
+                 if v is not None]
+        if named or ctx.args:
+            raise SpecError([("resume", f"--resume continues a job as it was defined; drop "
+                              f"{', '.join(named) or 'the script arguments'}")])
+        _resume_job(resume, detach, yes, cpu_slots)
+        return
     data: dict[str, Any] = load_yaml(file) if file else {}
     if script is not None:
         data["script"] = script
@@ -317,7 +342,9 @@ def run(
     flags = {"name": name, "workers_per_node": workers_per_node, "strategy": strategy,
              "dp": dp, "tp": tp, "pp": pp, "pp_schedule": pp_schedule, "microbatches": microbatches,
              "precision": precision, "framework": framework, "max_restarts": max_restarts,
-             "env": env_pairs or None, "keep": keep or None}
+             "env": env_pairs or None, "keep": keep or None, "hang_timeout": hang_timeout,
+             "checkpoint_to": checkpoint_to, "workers": workers, "scale_up_util": scale_up_util,
+             "scale_down_util": scale_down_util, "cooldown": cooldown}
     data.update({k: v for k, v in flags.items() if v is not None})
     inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
               "price_book": price_book}
@@ -406,8 +433,8 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None,
             cspec = cspec.model_copy(update={"name": clusters.new_name("run")})
         jobs.check_name_free(store, spec.name)
         jobs.check_workers(spec, cspec.per_node, cspec.name or "")
-        layout = _preflight(spec, cspec.gpu, (spec.workers_per_node or cspec.per_node) * cspec.node_count,
-                            dry_run)
+        layout = _preflight(spec, cspec.gpu, _first_world(spec, cspec.count, cspec.name or "",
+                                                          cspec.node_count), dry_run)
         if dry_run:
             nodes = _backend(cpu_slots).discover()
             alloc = clusters.check(store, cspec, nodes)
@@ -422,14 +449,13 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None,
         jobs.check_workers(spec, cluster.count // cluster.nodes, cluster.name)
         jobs.check_name_free(store, spec.name)
         jobs.check_cluster_free(store, cluster)
-        layout = _preflight(spec, cluster.gpu,
-                            (spec.workers_per_node or cluster.count // cluster.nodes) * cluster.nodes,
-                            dry_run)
+        layout = _preflight(spec, cluster.gpu, _first_world(spec, cluster.count, cluster.name,
+                                                           cluster.nodes), dry_run)
         if dry_run:
             _print_dry_run(spec, layout, clusters.placements(store, cluster), cluster.name,
                            cluster.network)
             return
-    world = (spec.workers_per_node or cluster.count // cluster.nodes) * cluster.nodes
+    world = _first_world(spec, cluster.count, cluster.name, cluster.nodes)
     try:
         job = jobs.create(store, spec, cluster, world)
     except GpufleetError:
@@ -437,6 +463,73 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None,
             clusters.stop(store, cluster.name, reason="job could not be created",
                           cluster_id=cluster.id)
         raise
+    _supervise(store, job, cluster, detach)
+
+
+def _first_world(spec: JobSpec, devices: int, cluster: str, nodes: int = 1) -> int:
+    """Workers the job starts with: one per device (or --workers-per-node), or for an elastic
+    job the largest size in its range that the cluster's devices allow."""
+    from gpufleet.supervise.supervisor import elastic_plan
+
+    if spec.worker_range is None:
+        return spec.workers_per_node * nodes if spec.workers_per_node else devices
+    policy, allowed, first = elastic_plan(spec, devices)
+    assert policy is not None
+    if not allowed:
+        raise SpecError([("workers", f"no size in {spec.workers} suits the job: a size must "
+                          f"divide {policy.max_workers} (the global batch is fixed at the "
+                          "largest size) and fit its layout")])
+    if first > devices:
+        raise SpecError([("workers", f"{spec.workers} needs at least {allowed[0]} device(s); "
+                          f"cluster {cluster} has {devices} (use --count {allowed[0]} or more)")])
+    return first
+
+
+def _resume_job(name: str, detach: bool, yes: bool, cpu_slots: int | None) -> None:
+    """`run --resume JOB`: the same job record, on its cluster (made again if it was made for
+    the job), from the newest checkpoint in its folder."""
+    from gpufleet.store import Cluster as ClusterRow
+    from gpufleet.supervise import jobs
+
+    store = _store()
+    job = jobs.get(store, name)
+    if job.status in jobs.ACTIVE:
+        raise ConflictError(f"resume: job '{name}' is {job.status}; stop it first "
+                            f"(gpufleet stop {name}) or follow it (gpufleet logs {name} -f)")
+    if job.status == "succeeded":
+        raise ConflictError(f"resume: job '{name}' already succeeded; nothing to resume")
+    spec = jobs.spec_of(job)
+    with store.read() as s:
+        old = s.get(ClusterRow, job.cluster_id)
+    assert old is not None
+    if old.status in clusters.ACTIVE:
+        cluster = old
+    elif old.for_job == job.name:
+        cspec = ClusterSpec.model_validate_json(old.spec_json).model_copy(update={"name": old.name})
+        cluster = _launch(store, cspec, yes, cpu_slots, for_job=job.name)
+    else:
+        cluster = clusters.get(store, old.name)
+        if cluster.status not in clusters.ACTIVE:
+            raise ConflictError(f"cluster: job '{name}' ran on cluster '{old.name}', which is "
+                                f"stopped; launch one with that name (gpufleet launch --name "
+                                f"{old.name} ...) and resume again")
+    try:
+        jobs.check_cluster_free(store, cluster)
+        world = _first_world(spec, cluster.count, cluster.name, cluster.nodes)
+        _preflight(spec, cluster.gpu, world)
+        job = jobs.reopen(store, job, cluster, world,
+                          "resumed by gpufleet run --resume, from its newest checkpoint")
+    except GpufleetError:
+        if cluster.for_job == job.name and cluster.id != old.id:
+            clusters.stop(store, cluster.name, reason="job could not resume", cluster_id=cluster.id)
+        raise
+    _supervise(store, job, cluster, detach)
+
+
+def _supervise(store: Store, job: Job, cluster: Cluster, detach: bool) -> None:
+    """Hand the job to its supervisor: a detached process, or this one with a live view."""
+    from gpufleet.supervise import jobs
+
     if detach:
         jobs.set_supervisor(store, job.id, _start_detached(job))
         out.print(f"Job [bold]{job.name}[/] started on {cluster.name} in the background.\n"
@@ -695,8 +788,9 @@ def stop(
         if running is not None:
             _stop_job(store, running)
         c = clusters.stop(store, c.name, cluster_id=c.id)
-        out.print(f"Cluster {c.name}: {c.status}, devices freed, cost "
-                  f"${cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, time.time()):.4f}")
+        spent = cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, time.time(),
+                                 c.banked_usd or 0.0, c.rate_since)
+        out.print(f"Cluster {c.name}: {c.status}, devices freed, cost ${spent:.4f}")
     if all_ and not targets:
         out.print("No running clusters.")
 

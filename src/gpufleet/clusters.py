@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
 from gpufleet.plan import cost
-from gpufleet.pool.allocate import allocate
+from gpufleet.pool.allocate import allocate, free_devices
 from gpufleet.pool.model import Allocation, Device, Node, Placement
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Job, Reservation, Store, gpufleet_home
@@ -103,6 +103,50 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
                                   device_id=d.id, device_index=d.index))
     scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
     return cluster
+
+
+def free_count(store: Store, cluster: Cluster, nodes: list[Node]) -> int:
+    """Devices of the cluster's type that nobody holds, on the nodes the cluster is on."""
+    with store.read() as s:
+        held = _held(s)
+    mine = {p.node_id for p in placements(store, cluster)}
+    return sum(len(free_devices(n, cluster.gpu, held)) for n in nodes if n.id in mine)
+
+
+def resize(store: Store, cluster_id: int, count: int, nodes: list[Node]) -> Cluster:
+    """Grow or shrink a one-node cluster's reservation to `count` devices, in one write
+    transaction: growing takes the lowest free devices of its type (AllocationError if there
+    are too few), shrinking gives back the highest. The cost at the old rate is banked first."""
+    now = time.time()
+    with store.session() as s:
+        c = s.get(Cluster, cluster_id)
+        if c is None or c.status not in ACTIVE:
+            raise ConflictError(f"cluster: {cluster_id} is not running")
+        if c.nodes != 1:
+            raise AllocationError(f"count: cluster {c.name} spans {c.nodes} nodes; only one-node "
+                                  "clusters change size")
+        rows = list(s.scalars(select(Reservation).where(Reservation.cluster_id == c.id)
+                              .order_by(Reservation.device_index)).all())
+        if count < len(rows):
+            for r in rows[count:]:
+                s.delete(r)
+        elif count > len(rows):
+            node = next((n for n in nodes if rows and n.id == rows[0].node_id), None)
+            free = free_devices(node, c.gpu, _held(s)) if node is not None else []
+            need = count - len(rows)
+            if len(free) < need:
+                raise AllocationError(f"count: cluster {c.name} needs {need} more {c.gpu} "
+                                      f"device(s) but the node has {len(free)} free")
+            for d in sorted(free, key=lambda d: d.index)[:need]:
+                s.add(Reservation(cluster_id=c.id, node_id=rows[0].node_id,
+                                  address=rows[0].address, device_id=d.id, device_index=d.index))
+        c.banked_usd = cost.accrued_usd(c.usd_per_hour, c.started_at, None, now,
+                                        c.banked_usd or 0.0, c.rate_since)
+        c.rate_since = now
+        rate = cost.cluster_rate(c.gpu, count, c.network, c.price_book) if c.price_book else None
+        c.usd_per_hour = rate.usd_per_hour if rate is not None else 0.0
+        c.count = count
+        return c
 
 
 def get(store: Store, name: str) -> Cluster:

@@ -114,9 +114,6 @@ def check(spec: JobSpec, gpu: GpuType, world_size: int, script_source: str | Non
         problems.append(("strategy", f"framework {spec.framework} runs only: "
                          f"{', '.join(allowed)} (no tp or pp mesh); got {spec.strategy}"
                          + (" with a tp/pp mesh" if meshed else "")))
-    if spec.framework == "horovod" and spec.max_restarts:
-        problems.append(("max_restarts", "horovodrun cannot restart workers; use 0, or a framework "
-                         "that can: torchrun, accelerate, deepspeed, ray"))
     if spec.framework == "deepspeed" and spec.precision == "fp16-mixed" and gpu.is_cpu:
         problems.append(("precision", "DeepSpeed's fp16 needs a GPU; on cpu use: fp32, bf16-mixed"))
     bad_precision = precision_problem(spec.precision, gpu.name, gpu.bf16,

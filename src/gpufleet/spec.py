@@ -47,6 +47,35 @@ def parse_disk(value: str | int | float) -> int:
     return size
 
 
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+_DURATION_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds for '90s', '5m', '1.5h', '250ms' or a bare number of seconds."""
+    m = _DURATION_RE.fullmatch(str(value))
+    if not m:
+        raise ValueError(f"'{value}' is not a duration; use e.g. 30s, 5m, 1h")
+    seconds = float(m.group(1)) * _DURATION_UNIT[(m.group(2) or "s").lower()]
+    if seconds <= 0:
+        raise ValueError(f"'{value}' is not a duration above zero; use e.g. 30s, 5m")
+    return seconds
+
+
+def parse_workers(value: str | int) -> tuple[int, int]:
+    """(min, max) from 'MIN:MAX' or a single number N (N:N)."""
+    text = str(value).strip()
+    lo, sep, hi = text.partition(":")
+    try:
+        low, high = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise ValueError(f"'{text}' is not a worker range; use MIN:MAX, e.g. 2:8") from None
+    if low < 1 or high < low or high > MAX_GPUS_PER_JOB:
+        raise ValueError(f"'{text}' is not a worker range; use MIN:MAX with 1 <= MIN <= MAX <= "
+                         f"{MAX_GPUS_PER_JOB}, e.g. 2:8")
+    return low, high
+
+
 def check_name(value: str, what: str) -> str:
     if not _NAME_RE.fullmatch(value):
         raise ValueError(
@@ -245,6 +274,12 @@ class JobSpec(_Spec):
     model: ModelShape | None = None  # for checks before start; else read from the script
     env: dict[str, Annotated[str, BeforeValidator(_scalar_to_str)]] = Field(default_factory=dict)
     max_restarts: int = Field(0, ge=0, le=100)
+    hang_timeout: str = "5m"  # no rank reporting for this long counts as a hang (a failure)
+    checkpoint_to: str | None = None  # durable folder or fsspec URL checkpoints are copied to
+    workers: str | None = None  # elastic range MIN:MAX; see gpufleet.supervise.elastic
+    scale_up_util: float = Field(0.9, gt=0, le=1)
+    scale_down_util: float = Field(0.5, ge=0, lt=1)
+    cooldown: str = "60s"
     keep: bool = False  # keep a cluster made for this job after the job ends
     workdir: str | None = None  # where the script runs; the submitting shell's folder by default
 
@@ -277,6 +312,52 @@ class JobSpec(_Spec):
                              "pick devices with the cluster instead")
         return {k: str(val) for k, val in v.items()}
 
+    @field_validator("hang_timeout", "cooldown", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> str:
+        parse_duration(v)
+        return str(v)
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, v: Any) -> str | None:
+        if v is None:
+            return None
+        low, high = parse_workers(v)
+        return f"{low}:{high}"
+
+    @property
+    def hang_timeout_s(self) -> float:
+        return parse_duration(self.hang_timeout)
+
+    @property
+    def cooldown_s(self) -> float:
+        return parse_duration(self.cooldown)
+
+    @property
+    def worker_range(self) -> tuple[int, int] | None:
+        return parse_workers(self.workers) if self.workers else None
+
+    def elastic_problems(self) -> list[tuple[str, str]]:
+        """Rules for elastic jobs that span fields."""
+        if self.workers is None:
+            return []
+        problems = []
+        if self.scale_down_util >= self.scale_up_util:
+            problems.append(("scale_down_util", f"{self.scale_down_util} must be below "
+                             f"scale_up_util ({self.scale_up_util}), or the job would flap"))
+        if self.framework != "torchrun":
+            problems.append(("workers", f"elastic ranges run under torchrun only, not "
+                             f"{self.framework}; drop --workers or use --framework torchrun"))
+        if self.workers_per_node is not None:
+            problems.append(("workers", "give either --workers MIN:MAX (elastic) or "
+                             "--workers-per-node, not both"))
+        if (self.pp or 1) > 1 or self.strategy == "pp":
+            problems.append(("workers", "elastic jobs keep their global batch by gradient "
+                             "accumulation, which pipeline parallelism does not support; "
+                             "drop --workers or use another strategy"))
+        return problems
+
     @field_validator("script")
     @classmethod
     def _script(cls, v: str) -> str:
@@ -302,16 +383,30 @@ class JobSpec(_Spec):
             spec = cls.model_validate(data)
         except ValidationError as exc:
             raise SpecError(_errors(exc) + missing) from None
-        if missing:
-            raise SpecError(missing)
+        problems = missing + spec.elastic_problems()
+        if problems:
+            raise SpecError(problems)
         return spec
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that keeps `2:8` a string: YAML 1.1 reads it as a base-60 integer (128), and
+    `workers: 2:8` must mean the range."""
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        if ":" in str(node.value):
+            return str(node.value)
+        return super().construct_yaml_int(node)
+
+
+_YamlLoader.add_constructor("tag:yaml.org,2002:int", _YamlLoader.construct_yaml_int)
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a job or cluster YAML file into a plain dict for `parse`."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_YamlLoader)  # a SafeLoader
     except FileNotFoundError:
         raise SpecError([("file", f"no such file: {p}")]) from None
     except OSError as exc:

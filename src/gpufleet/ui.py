@@ -140,7 +140,7 @@ def status_view(detail: dict[str, Any]) -> RenderableType:
     events, from `web.data.job_detail` (what the dashboard shows)."""
     v = JobView(**{k: detail[k] for k in JobView.__dataclass_fields__})
     parts: list[RenderableType] = [
-        job_panel(v) if v.status in ("starting", "running") else summary_table(v)]
+        job_panel(v) if v.status in ("starting", "running", "restarting", "resizing") else summary_table(v)]
     latest: dict[str, dict[str, float]] = detail.get("latest", {})
     devices = {k: m for k, m in latest.items() if "gpu_utilization" in m
                or "gpu_memory_used_bytes" in m}

@@ -267,7 +267,7 @@ def test_ray_argv_runs_the_driver_module(placement: Placement, gpus: str) -> Non
     assert cmd.argv[:3] == [PY, "-m", "gpufleet.launch.ray_train"]
     assert flag(cmd.argv, "--workers") == "2"
     assert flag(cmd.argv, "--gpus-per-worker") == gpus
-    assert flag(cmd.argv, "--max-restarts") == "2"
+    assert flag(cmd.argv, "--max-restarts") == "0"  # the supervisor restarts, not Ray
     assert flag(cmd.argv, "--storage") == str(JOB_DIR / "ray")
     sep = cmd.argv.index("--")
     assert cmd.argv[sep + 1:] == ["train.py", "--steps", "5"]

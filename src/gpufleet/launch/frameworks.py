@@ -119,7 +119,7 @@ def _job_env(layout: Layout, placement: Placement, ctx: JobContext, workers: int
 def _torchrun_argv(spec: JobSpec, ctx: JobContext, workers: int) -> list[str]:
     return [ctx.python, "-m", "torch.distributed.run",
             "--standalone", "--nnodes", "1", "--nproc-per-node", str(workers),
-            "--max-restarts", str(spec.max_restarts),
+            "--max-restarts", "0",  # gpufleet's supervisor restarts, from the last checkpoint
             "--log-dir", str(ctx.job_dir / "torchrun"), "--tee", "3",
             spec.script, *spec.args]
 
@@ -146,12 +146,12 @@ def build(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContext,
             env["ACCELERATE_USE_CPU"] = "true"
         argv = [python, "-m", "accelerate.commands.launch", "--config_file", str(path),
                 "--tee", "3", "--log_dir", str(ctx.job_dir / "torchrun"),
-                "--max_restarts", str(spec.max_restarts), spec.script, *spec.args]
+                "--max_restarts", "0", spec.script, *spec.args]
         return NodeCommand(argv, env, {path.name: yaml.safe_dump(config, sort_keys=False)})
     if spec.framework == "ray":
         argv = [python, "-m", RAY_MODULE, "--workers", str(workers),
                 "--gpus-per-worker", "0" if env["GPUFLEET_DEVICE"] == "cpu" else "1",
-                "--max-restarts", str(spec.max_restarts), "--storage", str(ctx.job_dir / "ray"),
+                "--max-restarts", "0", "--storage", str(ctx.job_dir / "ray"),
                 "--", spec.script, *spec.args]
         return NodeCommand(argv, env)
     if spec.framework == "horovod":

@@ -60,11 +60,17 @@ def cost_usd(usd_per_hour: float, seconds: float) -> float:
 
 
 def accrued_usd(usd_per_hour: float, started_at: float | None, ended_at: float | None,
-                now: float) -> float:
-    """Cost of a cluster so far: nothing before it started, frozen the moment it stopped."""
+                now: float, banked_usd: float = 0.0, rate_since: float | None = None) -> float:
+    """Cost of a cluster so far: nothing before it started, frozen the moment it stopped.
+
+    A cluster that changed size (elastic scaling) has the cost at its earlier rates banked and
+    its current rate running from `rate_since`.
+    """
     if started_at is None:
         return 0.0
     end = ended_at if ended_at is not None else now
+    if rate_since is not None:
+        return banked_usd + cost_usd(usd_per_hour, end - max(started_at, rate_since))
     return cost_usd(usd_per_hour, end - started_at)
 
 

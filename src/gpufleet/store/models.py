@@ -32,6 +32,10 @@ class Cluster(Base):
     scratch_dir: Mapped[str] = mapped_column(Text)
     spec_json: Mapped[str] = mapped_column(Text)
     for_job: Mapped[str | None] = mapped_column(String(64), nullable=True)  # made by `run`
+    # An elastic job's cluster changes size: the cost at the old rates is banked, and the
+    # current rate runs from rate_since (None: one rate since started_at).
+    banked_usd: Mapped[float | None] = mapped_column(Float, nullable=True, default=0.0)
+    rate_since: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Reservation(Base):

@@ -15,7 +15,7 @@ from gpufleet.errors import ConflictError, NotFoundError, SpecError
 from gpufleet.spec import JobSpec, check_name
 from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
 
-ACTIVE = ("starting", "running")
+ACTIVE = ("starting", "running", "restarting", "resizing")
 FINAL = ("succeeded", "failed", "stopped", "interrupted")
 STOP_REQUESTED = "stopped by user (gpufleet stop)"
 
@@ -123,6 +123,30 @@ def set_supervisor(store: Store, job_id: int, pid: int) -> None:
             job.supervisor_pid, job.supervisor_started = pid, started
 
 
+def add_event(store: Store, job_id: int, kind: str, reason: str, t: float | None = None) -> None:
+    """An event that is not a status change: a checkpoint, a failed worker, a scaling decision."""
+    with store.session() as s:
+        s.add(Event(job_id=job_id, time=t if t is not None else time.time(), kind=kind,
+                    reason=reason))
+
+
+def reopen(store: Store, job: Job, cluster: Cluster, world_size: int, reason: str) -> Job:
+    """An ended job starts again (`run --resume`), on `cluster`, as the same record: its events,
+    metrics and checkpoints continue."""
+    now = time.time()
+    with store.session() as s:
+        row = s.get(Job, job.id)
+        if row is None or row.status not in FINAL:
+            raise ConflictError(f"job: '{job.name}' is {row.status if row else 'gone'}; only an "
+                                "ended job can be resumed")
+        row.status, row.cluster_id, row.world_size = "starting", cluster.id, world_size
+        row.ended_at = row.exit_code = row.reason = None
+        row.supervisor_pid = row.supervisor_started = None
+        row.first_step = row.first_step_at = row.samples_per_s = None
+        s.add(Event(job_id=job.id, time=now, kind="starting", reason=reason))
+    return get(store, job.name)
+
+
 def get(store: Store, name: str) -> Job:
     with store.read() as s:
         job = s.scalar(select(Job).where(Job.name == name))
@@ -161,6 +185,8 @@ def supervisor_alive(job: Job) -> bool:
         return False
     try:
         p = psutil.Process(job.supervisor_pid)
+        if p.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped by its parent
+            return False
         return job.supervisor_started is None or abs(p.create_time() - job.supervisor_started) < 1
     except psutil.Error:
         return False

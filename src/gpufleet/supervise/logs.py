@@ -65,6 +65,15 @@ class LogSink:
                 self.dir / name, "a", buffering=1, encoding="utf-8", errors="replace")
         return f
 
+    def new_run(self, note: str) -> None:
+        """Workers start again (a restart or a resize): mark it in the logs and forget the old
+        run's tails, so the next failure is read from the new run's lines only."""
+        line = f"----- gpufleet: {note} -----\n"
+        self.combined.write(line)
+        for f in self.files.values():
+            f.write(line)
+        self.tails.clear()
+
     def tail(self, rank: int | None) -> list[str]:
         return list(self.tails.get(rank, ()))
 

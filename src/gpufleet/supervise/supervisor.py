@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import math
 import os
@@ -19,6 +20,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +28,12 @@ import psutil
 
 from gpufleet import clusters
 from gpufleet.backends.local import Handle, LocalBackend, kill
+from gpufleet.errors import GpufleetError
 from gpufleet.launch import frameworks
 from gpufleet.launch.torchrun import JobContext, merge_env
+from gpufleet.spec import JobSpec
 from gpufleet.store import Cluster, Job, Metric, Store
-from gpufleet.supervise import jobs
+from gpufleet.supervise import elastic, hang, jobs, restarts
 from gpufleet.supervise.logs import LogSink, failed_rank, last_exception
 from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.telemetry import TelemetryState
@@ -40,6 +44,19 @@ from gpufleet.telemetry.schema import JOB_RANK
 FLUSH_EVERY_S = 0.25  # reports reach the store (and the dashboard) at most this late
 _NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total", "pid")
 _PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one run of the worker group ended."""
+
+    kind: str  # exit | stop | hang
+    code: int | None
+    hang: hang.Hang | None = None
+    rank: int | None = None  # for a failed exit: the rank that caused it, its code, its error
+    rank_code: int | None = None
+    error: str | None = None
+    last_lines: str = ""
 
 
 def _become_subreaper() -> None:
@@ -68,6 +85,27 @@ class Supervisor:
         self.telemetry = TelemetryState(self)
         self.model_state: dict[int, dict[str, float]] = {}  # rank -> latest model-state bytes
         self.progress_dirty = False
+        # surviving: runs of the worker group, failures, checkpoints, elastic size
+        self.runs = 0
+        self.samples_before = 0
+        self.handle: Handle | None = None
+        self.reader: threading.Thread | None = None
+        self.hung = False
+        self.started_at = time.time()
+        self.failures: list[restarts.Failure] = []
+        self.final_failure: str | None = None
+        self.checkpoint_step: int | None = None
+        self.has_checkpointer = False
+        self.ever_reported = False
+        self.exited_for_resize = False
+        self.training_since: float | None = None
+        self.last_seen: dict[int, tuple[float, int]] = {}
+        self.worker_pids: dict[int, int] = {}
+        self.control_seq = 0
+        self.resize_target: int | None = None
+        self.resize_deadline: float | None = None
+        self.last_scale_note = ""
+        self.policy, self.allowed, self.workers = elastic_plan(self.spec, job.world_size)
 
     # -- signals ------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -83,9 +121,11 @@ class Supervisor:
     def run(self) -> Job:
         """Run the job to its end and record the outcome; never raises for a job's failure.
 
-        Whatever happens in here (workers crash, the user stops the job, the supervisor itself
-        hits an error), the workers are ended, the devices of a cluster made for the job are
-        freed and the job gets a final status.
+        The workers may start several times: after a failure (up to --max-restarts, from the
+        last checkpoint) and at every elastic resize. Whatever happens in here (workers crash
+        or hang, the user stops the job, the supervisor itself hits an error), the workers are
+        ended, the devices of a cluster made for the job are freed and the job gets a final
+        status.
         """
         _become_subreaper()
         main = threading.current_thread() is threading.main_thread()
@@ -93,39 +133,20 @@ class Supervisor:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGHUP, self._on_signal)
         job_dir = Path(self.job.job_dir)
-        handle: Handle | None = None
-        reader: threading.Thread | None = None
         sink: LogSink | None = None
         sock: socket.socket | None = None
         code: int | None = None
         try:
             sink = LogSink(job_dir, self.job.world_size)
             sock = _report_socket()
-            placement = clusters.placements(self.store, self.cluster)[0]
-            ctx = JobContext(
-                job_name=self.job.name, cluster_name=self.cluster.name, job_dir=job_dir,
-                report_addr=f"127.0.0.1:{sock.getsockname()[1]}", fabric=self.cluster.network,
-                python=sys.executable, host_cpus=os.cpu_count() or 1,
-            )
-            layout = self.spec.layout(self.job.world_size)
-            cmd = frameworks.build(self.spec, layout, placement, ctx, port=_free_port())
-            env = merge_env(dict(os.environ), cmd.env, self.spec.env)
-            for file_name, content in cmd.files.items():  # generated framework configs
-                (job_dir / file_name).write_text(content)
-            (job_dir / "command.json").write_text(json.dumps({"argv": cmd.argv, "env": cmd.env},
-                                                             indent=1))
             # Claim the job before starting anything: if `gpufleet stop` got here first (the job
             # is no longer 'starting', or its cluster was stopped), start nothing.
             if not jobs.begin_running(self.store, self.job.id, self.cluster.id,
-                                      f"{len(placement.devices)} worker(s) on {self.cluster.name}"):
+                                      f"{self.workers} worker(s) on {self.cluster.name}"):
                 self.request_stop(jobs.STOP_REQUESTED)
                 return self._done(None, sink)
             self.job.started_at, self.job.status = time.time(), "running"
-            handle = self.backend.start(cmd.argv, env, Path(self.spec.workdir or "."))
-            reader = threading.Thread(target=self._read_output, args=(handle, sink), daemon=True)
-            reader.start()
-            self.telemetry.start(handle, placement, env, sink)
-            code = self._watch(handle, sock)
+            code = self._runs(job_dir, sink, sock)
         except KeyboardInterrupt:
             self.interrupted = True
             self.request_stop("interrupted by user (Ctrl-C)")
@@ -136,12 +157,7 @@ class Supervisor:
         finally:
             if main:  # a second Ctrl-C must not cut the clean-up short and leave workers behind
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-            self.telemetry.stop()
-            if handle is not None and self.backend.poll(handle) is None:
-                self.backend.kill_tree(handle)
-            _end_descendants()
-            if reader is not None:
-                reader.join(timeout=5)
+            self._end_workers(sink)
             if sock is not None:
                 self._drain(sock)
                 sock.close()
@@ -155,18 +171,153 @@ class Supervisor:
             if main:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
 
+    def _runs(self, job_dir: Path, sink: LogSink, sock: socket.socket) -> int | None:
+        """Start the workers, watch them, and start them again after a failure or for a
+        resize, until the job ends; the last exit code."""
+        while True:
+            outcome = self._run_once(job_dir, sink, sock)
+            if outcome.kind == "stop" or (outcome.kind == "exit" and outcome.code == 0
+                                          and not self.exited_for_resize):
+                return outcome.code
+            if outcome.kind == "exit" and outcome.code == 0:  # the workers saved and left
+                self._resize(sink)
+                continue
+            failure = self._failure(outcome, sink)
+            self.failures.append(failure)
+            decision = restarts.decide(self.failures, self.spec.max_restarts)
+            jobs.add_event(self.store, self.job.id,
+                           "hang" if outcome.kind == "hang" else "worker_failed", failure.description
+                           + (f"\nlast lines:\n{outcome.last_lines}" if outcome.last_lines else ""))
+            if not decision.restart:
+                if self.spec.max_restarts or outcome.kind == "hang":
+                    self.final_failure = decision.reason + (
+                        f"; last lines:\n{outcome.last_lines}" if outcome.last_lines else "")
+                return outcome.code  # else the failure reads as it always has (see _finish)
+            lost = restarts.steps_lost(failure)
+            since = (f"the checkpoint at step {failure.checkpoint_step}"
+                     if failure.checkpoint_step else "the start (no checkpoint yet)")
+            note = (f"{decision.reason} in {decision.delay_s:.0f} s, from {since}"
+                    + (f"; {lost} step(s) are redone" if lost is not None else ""))
+            jobs.transition(self.store, self.job.id, "restarting", f"{failure.description}; {note}")
+            self._say(f"{failure.description}; {note}")
+            self._pause(decision.delay_s)
+            if self.stop_reason is not None:
+                return outcome.code
+            sink.new_run(f"restart {len(self.failures)}: {failure.description}")
+
+    def _run_once(self, job_dir: Path, sink: LogSink, sock: socket.socket) -> Outcome:
+        """One run of the worker group at the current size, until it exits, hangs, is
+        stopped, or leaves for a resize."""
+        self.runs += 1
+        self.exited_for_resize = False
+        self.last_seen, self.worker_pids = {}, {}
+        self.training_since = None
+        self.samples_before = self.job.samples or 0  # reports count from 0 in each run
+        self.throughput = Throughput()
+        self.job.first_step = self.job.first_step_at = None
+        placement = clusters.placements(self.store, self.cluster)[0]
+        placement = dataclasses.replace(placement, devices=placement.devices[: self.workers])
+        spec = self.spec
+        if self.policy is not None:
+            spec = spec.model_copy(update={"workers_per_node": self.workers})
+        ctx = JobContext(
+            job_name=self.job.name, cluster_name=self.cluster.name, job_dir=job_dir,
+            report_addr=f"127.0.0.1:{sock.getsockname()[1]}", fabric=self.cluster.network,
+            python=sys.executable, host_cpus=os.cpu_count() or 1,
+        )
+        layout = spec.layout(self.workers)
+        cmd = frameworks.build(spec, layout, placement, ctx, port=_free_port())
+        env = merge_env(dict(os.environ), {**cmd.env, **self._survive_env(job_dir)}, spec.env)
+        for file_name, content in cmd.files.items():  # generated framework configs
+            (job_dir / file_name).write_text(content)
+        (job_dir / "command.json").write_text(json.dumps({"argv": cmd.argv, "env": cmd.env},
+                                                         indent=1))
+        if self.runs > 1:
+            jobs.transition(self.store, self.job.id, "running",
+                            f"{self.workers} worker(s) on {self.cluster.name} (run {self.runs})",
+                            fields={"world_size": self.workers})
+            self.job.status, self.job.world_size = "running", self.workers
+        self.started_at = time.time()
+        self.handle = self.backend.start(cmd.argv, env, Path(spec.workdir or "."))
+        self.reader = threading.Thread(target=self._read_output, args=(self.handle, sink),
+                                       daemon=True)
+        self.reader.start()
+        self.telemetry.start(self.handle, placement, env, sink)
+        outcome = self._watch(self.handle, sock)
+        if outcome.kind in ("hang", "stop"):
+            self._end_workers(sink)
+        else:
+            self._end_workers(sink)
+            self._drain(sock)
+        if outcome.kind == "exit" and outcome.code not in (0, None):
+            rank, rank_code = failed_rank(sink.tail(None), sink.tails)
+            last = sink.tail(rank)[-8:] if rank is not None else sink.tail(None)[-8:]
+            outcome = dataclasses.replace(outcome, rank=rank, rank_code=rank_code,
+                                          error=last_exception(last), last_lines="\n".join(last))
+        return outcome
+
+    def _survive_env(self, job_dir: Path) -> dict[str, str]:
+        """Where checkpoints go and how the supervisor asks for one, for `train.Checkpointer`."""
+        env = {"GPUFLEET_CHECKPOINT_DIR": str(job_dir / "checkpoints"),
+               "GPUFLEET_CONTROL_FILE": str(job_dir / "control.json"),
+               "GPUFLEET_RUN": str(self.runs)}
+        if self.spec.checkpoint_to:
+            env["GPUFLEET_CHECKPOINT_TO"] = self.spec.checkpoint_to
+        if self.policy is not None:
+            env["GPUFLEET_GRAD_ACCUM"] = str(elastic.grad_accum(self.policy, self.workers))
+        return env
+
+    def _end_workers(self, sink: LogSink | None) -> None:
+        """Stop sampling and end this run's process tree (a stopped process too: SIGKILL
+        reaches it where SIGTERM waits for a SIGCONT)."""
+        self.telemetry.stop()
+        handle = self.handle
+        if handle is not None and self.backend.poll(handle) is None:
+            self.backend.kill_tree(handle, grace_s=0.0 if self.hung else 10.0)
+        _end_descendants()
+        if self.reader is not None:
+            self.reader.join(timeout=5)
+        self.handle, self.reader, self.hung = None, None, False
+
+    def _failure(self, outcome: Outcome, sink: LogSink) -> restarts.Failure:
+        if outcome.kind == "hang" and outcome.hang is not None:
+            return restarts.Failure(
+                signature=f"hang: rank {outcome.hang.rank}", description=outcome.hang.description,
+                step=self.job.step, checkpoint_step=self.checkpoint_step)
+        exit_text = restarts.describe_exit(outcome.rank_code if outcome.rank_code is not None
+                                           else outcome.code)
+        where = f"rank {outcome.rank}" if outcome.rank is not None else "a worker"
+        description = f"{where} failed ({exit_text})" + (f": {outcome.error}" if outcome.error
+                                                           else "")
+        return restarts.Failure(signature=restarts.signature(outcome.rank, exit_text, outcome.error),
+                                description=description, step=self.job.step,
+                                checkpoint_step=self.checkpoint_step)
+
+    def _pause(self, seconds: float) -> None:
+        """Back off before a restart, still answering `gpufleet stop`."""
+        end = time.monotonic() + seconds
+        while self.stop_reason is None and time.monotonic() < end:
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
+    def _say(self, text: str) -> None:
+        if self.on_line is not None:
+            with contextlib.suppress(Exception):
+                self.on_line(None, f"gpufleet: {text}")
+
     def _done(self, code: int | None, sink: LogSink | None) -> Job:
         self._finish(code, sink)
         if sink is not None:
             sink.close()
         return jobs.get(self.store, self.job.name)
 
-    def _watch(self, handle: Handle, sock: socket.socket) -> int | None:
-        last_flush = last_tick = 0.0
+    def _watch(self, handle: Handle, sock: socket.socket) -> Outcome:
+        last_flush = last_tick = last_policy = 0.0
         while True:
             code = self.backend.poll(handle)
-            if code is not None or self.stop_reason is not None:
-                return code
+            if code is not None:
+                return Outcome("exit", code)
+            if self.stop_reason is not None:
+                return Outcome("stop", None)
             ready, _, _ = select.select([sock], [], [], 0.2)
             if ready:
                 self._drain(sock)
@@ -174,10 +325,102 @@ class Supervisor:
             if now - last_flush >= FLUSH_EVERY_S:
                 self._flush()
                 last_flush = now
+            found = self._hang(now)
+            if found is not None:
+                self.hung = True
+                return Outcome("hang", None, hang=found)
+            if now - last_policy >= 1.0:
+                last_policy = now
+                self._autoscale(now)
             self.telemetry.tick(now)
             if self.on_tick and now - last_tick >= 0.25:
                 self.on_tick(self.view(now))
                 last_tick = now
+
+    def _hang(self, now: float) -> hang.Hang | None:
+        timeout = self.spec.hang_timeout_s * (2 if self.resize_deadline is not None else 1)
+        if self.last_seen and now - max(t for t, _ in self.last_seen.values()) <= timeout:
+            return None  # the common case, without a look at every worker process
+        stopped: dict[int, bool] = {}
+        for rank, pid in self.worker_pids.items():
+            try:
+                stopped[rank] = psutil.Process(pid).status() == psutil.STATUS_STOPPED
+            except psutil.Error:
+                stopped[rank] = False
+        # The timeout is doubled while saving for a resize. Before the first report, a script
+        # that reported in an earlier run gets the timeout plus start-up time; one that never
+        # reported is not judged by reports.
+        startup = timeout + 120.0 if self.ever_reported else None
+        return hang.find(now, self.last_seen, self.started_at, timeout, stopped, startup)
+
+    # -- elastic --------------------------------------------------------------------------------
+    def _autoscale(self, now: float) -> None:
+        policy = self.policy
+        if policy is None or self.resize_target is not None or self.training_since is None:
+            return
+        series = self.recent.snapshot(now).get("gpu_utilization", {})
+        by_time: dict[float, list[float]] = {}
+        for points in series.values():
+            for t, v in points:
+                if t >= self.training_since:
+                    by_time.setdefault(round(t), []).append(v)
+        util = sorted((t, sum(vs) / len(vs)) for t, vs in by_time.items())
+        decision = elastic.decide(policy, self.allowed, self.workers, util, now,
+                                  self.training_since, free=policy.max_workers)
+        if decision.workers > self.workers:  # only growing needs the pool (a discovery)
+            decision = elastic.decide(policy, self.allowed, self.workers, util, now,
+                                      self.training_since, self._free_devices())
+        if decision.workers == self.workers:
+            if decision.reason != self.last_scale_note and "free device" in decision.reason:
+                jobs.add_event(self.store, self.job.id, "scale_blocked", decision.reason)
+            self.last_scale_note = decision.reason
+            return
+        if not self.has_checkpointer:
+            note = (f"would resize {self.workers} -> {decision.workers} ({decision.reason}), but "
+                    "the script has no gpufleet.train.Checkpointer: a resize would lose its "
+                    "progress")
+            if note != self.last_scale_note:
+                jobs.add_event(self.store, self.job.id, "scale_blocked", note)
+                self.last_scale_note = note
+            return
+        self.resize_target = decision.workers
+        self.resize_deadline = now + 2 * self.spec.hang_timeout_s
+        self.control_seq += 1
+        control = Path(self.job.job_dir) / "control.json"
+        tmp = control.with_name("control.json.tmp")
+        tmp.write_text(json.dumps({"seq": self.control_seq, "action": "save_exit"}))
+        os.replace(tmp, control)
+        reason = f"{self.workers} -> {decision.workers} workers: {decision.reason}"
+        jobs.transition(self.store, self.job.id, "resizing", reason)
+        self.job.status = "resizing"
+        self._say(f"resizing {reason}")
+
+    def _free_devices(self) -> int:
+        if self.cluster.for_job == self.job.name:
+            return clusters.free_count(self.store, self.cluster, self.backend.discover())
+        return self.cluster.count - self.workers  # a shared cluster: grow within it only
+
+    def _resize(self, sink: LogSink) -> None:
+        """The workers saved and exited: change the reservation (a cluster made for this job)
+        and start again at the new size, or at the old one if the devices went meanwhile."""
+        target, self.resize_target, self.resize_deadline = self.resize_target, None, None
+        assert target is not None
+        before = self.workers
+        if self.cluster.for_job == self.job.name:
+            try:
+                self.cluster = clusters.resize(self.store, self.cluster.id, target,
+                                               self.backend.discover())
+            except GpufleetError as exc:
+                jobs.add_event(self.store, self.job.id, "scale_blocked",
+                               f"{before} -> {target} workers: {exc}; staying at {before}")
+                target = before
+        self.workers = target
+        jobs.add_event(self.store, self.job.id, "resized",
+                       f"{before} -> {target} workers from the checkpoint at step "
+                       f"{self.checkpoint_step}; each rank accumulates "
+                       f"{elastic.grad_accum(self.policy, target) if self.policy else 1} "
+                       "micro-batch(es) per step")
+        sink.new_run(f"resized {before} -> {target} workers")
 
     def view(self, now: float | None = None) -> JobView:
         return job_view(self.job, self.cluster, now or time.time(), self.model_state)
@@ -211,7 +454,38 @@ class Supervisor:
             except (ValueError, TypeError, KeyError, OverflowError):
                 continue  # a malformed datagram is not worth failing a job over
 
+    def _on_event(self, rec: dict[str, Any]) -> None:
+        """A lifecycle note from the Checkpointer, recorded as a job event."""
+        kind = str(rec["event"])
+        step = _opt(int, rec.get("step"))
+        self.last_seen[int(rec["rank"])] = (time.time(), self.last_seen.get(
+            int(rec["rank"]), (0.0, step or 0))[1])
+        if kind == "checkpointer":
+            self.has_checkpointer = True
+        elif kind == "checkpoint":
+            self.checkpoint_step = step
+            size = _opt(float, rec.get("bytes")) or 0.0
+            blocked = _opt(float, rec.get("blocked_s")) or 0.0
+            mode = "async" if rec.get("async_save") else "sync"
+            jobs.add_event(self.store, self.job.id, "checkpoint",
+                           f"step {step} saved ({size / 1e6:.1f} MB, {mode}; training blocked "
+                           f"{blocked:.3f} s)")
+        elif kind == "checkpoint_copied":
+            jobs.add_event(self.store, self.job.id, "checkpoint_copied",
+                           f"step {step} copied to {str(rec.get('path'))[:300]}")
+        elif kind in ("checkpoint_skipped", "checkpoint_copy_failed"):
+            jobs.add_event(self.store, self.job.id, kind,
+                           f"step {step}: {str(rec.get('why'))[:300]}")
+        elif kind == "resumed":
+            self.checkpoint_step = step
+            jobs.add_event(self.store, self.job.id, "resumed", f"from the checkpoint at step {step}")
+        elif kind == "exit_for_resize":
+            self.exited_for_resize = True
+
     def _on_report(self, rec: dict[str, Any]) -> None:
+        if "event" in rec:
+            self._on_event(rec)
+            return
         # Typed here: the port is open to any local process, and a string in an Integer column
         # would reach the page (a ValueError drops the datagram instead).
         r = Report(t=float(rec["t"]), rank=int(rec["rank"]), step=int(rec["step"]),
@@ -220,6 +494,11 @@ class Supervisor:
                    samples_total=_opt(int, rec.get("samples_total")))
         if isinstance(rec.get("pid"), int):
             self.telemetry.worker_pid(r.rank, rec["pid"])
+            self.worker_pids[r.rank] = rec["pid"]
+        self.last_seen[r.rank] = (time.time(), r.step)
+        self.ever_reported = True
+        if self.training_since is None:
+            self.training_since = time.time()
         rows = []
         for key, value in rec.items():
             if key in MODEL_STATE_METRICS and isinstance(value, int | float):
@@ -240,7 +519,7 @@ class Supervisor:
         if j.first_step_at is None:
             j.first_step_at, j.first_step = r.t, r.step
         j.step, j.last_report_at = r.step, r.t
-        j.samples = self.throughput.total_samples
+        j.samples = self.samples_before + self.throughput.total_samples
         if r.total_steps is not None:
             j.total_steps = r.total_steps
         if r.loss is not None:
@@ -281,6 +560,8 @@ class Supervisor:
             fields["samples_per_s"] = overall
         if self.error is not None:
             status, reason = "failed", self.error
+        elif self.final_failure is not None and self.stop_reason is None:
+            status, reason = "failed", self.final_failure
         elif self.stop_reason is not None and code != 0:
             # `gpufleet stop` leaves its reason on the row before it signals us
             asked = jobs.get(self.store, self.job.name).reason
@@ -304,6 +585,25 @@ class Supervisor:
             self.cluster = clusters.stop(self.store, self.cluster.name,
                                          reason=f"job {self.job.name} ended",
                                          cluster_id=self.cluster.id)
+
+
+def elastic_plan(spec: JobSpec, workers: int) -> tuple[elastic.Policy | None, list[int], int]:
+    """(policy, allowed sizes, first size) of an elastic job; (None, [n], n) otherwise."""
+    bounds = spec.worker_range
+    if bounds is None:
+        return None, [workers], workers
+    policy = elastic.Policy(bounds[0], bounds[1], spec.scale_up_util, spec.scale_down_util,
+                            spec.cooldown_s)
+    allowed = elastic.sizes(policy, lambda w: _fits(spec, w))
+    return policy, allowed, max([w for w in allowed if w <= workers] or allowed[:1] or [workers])
+
+
+def _fits(spec: JobSpec, workers: int) -> bool:
+    try:
+        spec.layout(workers)
+    except ValueError:
+        return False
+    return True
 
 
 def _opt(kind: type[int] | type[float], value: Any) -> Any:

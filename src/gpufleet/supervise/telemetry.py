@@ -55,6 +55,8 @@ class TelemetryState:
         """Start sampling. Called with the workers already running, so nothing here may raise:
         a failure is written to the job folder and the job goes on without device telemetry."""
         self.handle, self.sink = handle, sink
+        self.stopping = threading.Event()  # a fresh one per run of the workers
+        self.cpu = self.nvml = None
         sup = self.sup
         try:
             self.baseline = records.baseline_samples_per_s(sup.store, sup.job, sup.cluster.gpu)

@@ -63,7 +63,8 @@ def job_cost_usd(job: Job, cluster: Cluster, now: float) -> float:
         return 0.0
     start = max(job.created_at, cluster.started_at)
     ends = [t for t in (job.ended_at, cluster.stopped_at) if t is not None]
-    return cost.accrued_usd(cluster.usd_per_hour, start, min(ends) if ends else None, now)
+    return cost.accrued_usd(cluster.usd_per_hour, start, min(ends) if ends else None, now,
+                            cluster.banked_usd or 0.0, cluster.rate_since)
 
 
 MODEL_STATE_METRICS = ("params_bytes", "grads_bytes", "optimizer_bytes", "cuda_max_allocated_bytes")
@@ -90,10 +91,11 @@ def job_view(job: Job, cluster: Cluster, now: float,
     end = job.ended_at or now
     eta = None
     sps = seconds_per_step(job)
-    if job.status in ("starting", "running") and sps is not None and job.total_steps:
+    active = job.status in ("starting", "running", "restarting", "resizing")
+    if active and sps is not None and job.total_steps:
         eta = max(0, job.total_steps - (job.step or 0)) * sps
     so_far = job_cost_usd(job, cluster, now)
-    projected = so_far if job.status not in ("starting", "running") else \
+    projected = so_far if not active else \
         cost.projected_usd(so_far, cluster.usd_per_hour, eta)
     return JobView(
         job=job.name, cluster=cluster.name, gpu=cluster.gpu, status=job.status,

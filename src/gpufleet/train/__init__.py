@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.train.context import Context, cleanup, setup
+from gpufleet.train.context import Context, cleanup, grad_accum_steps, setup
 from gpufleet.train.report import report
 
 _LAZY = {
@@ -23,6 +23,7 @@ _LAZY = {
     "full_state_dict": "gpufleet.train.checkpoint",
     "save_checkpoint": "gpufleet.train.checkpoint",
     "load_checkpoint": "gpufleet.train.checkpoint",
+    "Checkpointer": "gpufleet.train.checkpointer",
 }
 _RENAMED = {"save_checkpoint": "save", "load_checkpoint": "load"}
 
@@ -35,4 +36,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'gpufleet.train' has no attribute '{name}'")
 
 
-__all__ = ["Context", "cleanup", "report", "setup", *_LAZY]
+__all__ = ["Context", "cleanup", "grad_accum_steps", "report", "setup", *_LAZY]

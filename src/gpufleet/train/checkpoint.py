@@ -32,7 +32,7 @@ def _inner_optimizer(optimizer: Any) -> Any:
     return inner
 
 
-def _engine(model: nn.Module) -> Any:
+def engine_of(model: nn.Module) -> Any:
     """The DeepSpeed engine when `prepare` handed the model to DeepSpeed, else None."""
     rec = record_of(model)
     return rec.extra.get("deepspeed") if rec is not None else None
@@ -44,15 +44,11 @@ def save(path: str | Path, model: nn.Module, optimizer: Any = None, *, step: int
     Under DeepSpeed this is DeepSpeed's own checkpoint format (its engine owns the partitioned
     optimizer state), which loads back under DeepSpeed.
     """
-    engine = _engine(model)
+    engine = engine_of(model)
     if engine is not None:
         engine.save_checkpoint(str(path), tag="gpufleet", client_state={"step": step})
         return
-    if optimizer is None:
-        state: dict[str, Any] = {"model": get_model_state_dict(model)}
-    else:
-        model_sd, optim_sd = get_state_dict(model, _inner_optimizer(optimizer))
-        state = {"model": model_sd, "optimizer": optim_sd}
+    state = model_state(model, optimizer)
     state["meta"] = {"step": step}
     dcp.save(state, checkpoint_id=str(path))
 
@@ -62,37 +58,46 @@ def load(path: str | Path, model: nn.Module, optimizer: Any = None) -> int:
     as needed; returns the step it was saved at. Collective."""
     if not Path(path).is_dir():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    engine = _engine(model)
+    engine = engine_of(model)
     if engine is not None:
         _, client = engine.load_checkpoint(str(path), tag="gpufleet",
                                            load_optimizer_states=optimizer is not None)
         return int((client or {}).get("step", 0))
-    if optimizer is None:
-        state: dict[str, Any] = {"model": get_model_state_dict(model)}
-    else:
-        model_sd, optim_sd = get_state_dict(model, _inner_optimizer(optimizer))
-        state = {"model": model_sd, "optimizer": optim_sd}
+    state = model_state(model, optimizer)
     state["meta"] = {"step": 0}
     dcp.load(state, checkpoint_id=str(path))
+    apply_model_state(model, optimizer, state)
+    return int(state["meta"]["step"])
+
+
+def model_state(model: nn.Module, optimizer: Any = None) -> dict[str, Any]:
+    """The model's (and optimizer's) state keyed by plain parameter names, as DCP saves it."""
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_sd, optim_sd = get_state_dict(model, _inner_optimizer(optimizer))
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
+def apply_model_state(model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+    """Put a loaded `model_state` back into the (prepared) model and optimizer."""
     if optimizer is None:
         set_state_dict(model, (), model_state_dict=state["model"], optim_state_dict={})
-    else:
-        inner = _inner_optimizer(optimizer)
-        before = [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups]
-        set_state_dict(model, inner, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
-        # A group with no parameters on this rank (a pipeline stage without embeddings, say)
-        # gets nothing back from the checkpoint, not even its settings: keep the ones it had.
-        for group, settings in zip(inner.param_groups, before, strict=False):
-            for key, value in settings.items():
-                group.setdefault(key, value)
-    return int(state["meta"]["step"])
+        return
+    inner = _inner_optimizer(optimizer)
+    before = [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups]
+    set_state_dict(model, inner, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+    # A group with no parameters on this rank (a pipeline stage without embeddings, say)
+    # gets nothing back from the checkpoint, not even its settings: keep the ones it had.
+    for group, settings in zip(inner.param_groups, before, strict=False):
+        for key, value in settings.items():
+            group.setdefault(key, value)
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights as plain CPU tensors on rank 0 (empty elsewhere): for sampling
     or export from a sharded or pipelined model. Collective."""
-    engine = _engine(model)
+    engine = engine_of(model)
     if engine is not None:
         if engine.zero_optimization_partition_weights():  # ZeRO-3: gather the partitions
             whole = engine._zero3_consolidated_16bit_state_dict() or {}

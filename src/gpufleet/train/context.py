@@ -29,6 +29,36 @@ def _pick_backend(torch: Any) -> tuple[str, str]:
     return kind, backend
 
 
+def grad_accum_steps() -> int:
+    """Micro-batches each rank accumulates per optimizer step (1 unless gpufleet says more).
+
+    An elastic job keeps its global batch when it runs on fewer workers: on half the workers,
+    each accumulates two micro-batches. Divide the loss by this (`forward_backward(...,
+    loss_scale=1 / n)`) and step the optimizer once per n micro-batches.
+    """
+    try:
+        return max(1, int(os.environ.get("GPUFLEET_GRAD_ACCUM", "1")))
+    except ValueError:
+        return 1
+
+
+def _end_with_parent() -> None:
+    """Ask the kernel to kill this worker when its parent (torchrun's agent) dies, however it
+    dies: a worker left running after its job is gone would hold a device and the job's port."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent was already gone before we asked
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
 def setup(timeout_s: float = 600.0, verify: bool = True) -> Context:
     """Initialise torch.distributed from torchrun's environment and return where this rank runs.
 
@@ -40,6 +70,7 @@ def setup(timeout_s: float = 600.0, verify: bool = True) -> Context:
     import torch
     import torch.distributed as dist
 
+    _end_with_parent()
     if "RANK" not in os.environ and "HOROVOD_RANK" in os.environ:  # started by horovodrun
         os.environ.update({"RANK": os.environ["HOROVOD_RANK"],
                            "WORLD_SIZE": os.environ.get("HOROVOD_SIZE", "1"),

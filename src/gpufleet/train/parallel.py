@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader
 
 from gpufleet.parallelism import Layout
 from gpufleet.train import telemetry
+from gpufleet.train.data import shard_loader
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -143,7 +144,7 @@ def prepare(model: nn.Module, optimizer: Any, loader: DataLoader[Any] | None = N
     optimizer = _StepOptimizer(optimizer, rec) if rec.scaler is not None else optimizer
     rec.optimizer = optimizer
     if loader is not None:
-        loader = _shard_loader(loader, layout.dp, rec.dp_rank)
+        loader = shard_loader(loader, layout.dp, rec.dp_rank)
     return module, optimizer, loader
 
 
@@ -181,7 +182,7 @@ def _deepspeed(model: nn.Module, optimizer: Any, loader: DataLoader[Any] | None,
     rec.optimizer = wrapped
     object.__setattr__(engine, _RECORD, rec)
     if loader is not None:
-        loader = _shard_loader(loader, layout.dp, rank)
+        loader = shard_loader(loader, layout.dp, rank)
     return engine, wrapped, loader
 
 
@@ -370,6 +371,16 @@ class LossScaler:
         self.unscaled = False
         self.skipped_steps = 0
 
+    def state_dict(self) -> dict[str, float]:
+        """The scale and its growth counter, so a resumed fp16 run does not restart at 2^16."""
+        return {"scale": float(self.scale.item()), "growth_tracker": int(self._growth_tracker.item()),
+                "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.scale.fill_(float(state["scale"]))
+        self._growth_tracker.fill_(int(state["growth_tracker"]))
+        self.skipped_steps = int(state["skipped_steps"])
+
     def unscale_(self, params: list[torch.Tensor]) -> None:
         if self.unscaled:
             return
@@ -468,8 +479,13 @@ def _build_schedule(rec: Prepared) -> None:
 
 # --- the loop --------------------------------------------------------------------------------
 
-def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *,
+                     loss_scale: float = 1.0) -> torch.Tensor:
     """One forward and backward pass on this rank's batch; returns the mean loss, detached.
+
+    `loss_scale` multiplies the loss before backward only: 1/n when accumulating n
+    micro-batches per optimizer step (`train.grad_accum_steps()`), so the gradient is the
+    mean over the whole global batch. The returned loss is not scaled.
 
     Under pipeline parallelism the batch goes through the schedule in microbatches and every
     stage gets the loss (the last stage computes it and shares it along the pipeline).
@@ -484,17 +500,20 @@ def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
         if rec.scaler is None:
             loss = rec.loss_fn(model(inputs), targets)
             if engine is not None:
-                engine.backward(loss)  # DeepSpeed scales, reduces and partitions gradients itself
+                engine.backward(loss * loss_scale)  # DeepSpeed scales, reduces and partitions itself
             else:
-                loss.backward()
+                (loss * loss_scale if loss_scale != 1.0 else loss).backward()
             return loss.detach()
         rec.extra["scaling_loss"] = True
         try:
             loss = rec.loss_fn(model(inputs), targets)
         finally:
             rec.extra["scaling_loss"] = False
-        (loss.float() * rec.scaler.scale).backward()
+        (loss.float() * (rec.scaler.scale * loss_scale)).backward()
         return loss.detach()
+    if loss_scale != 1.0:
+        raise ValueError("loss_scale (gradient accumulation) is not supported under pipeline "
+                         "parallelism: raise --microbatches instead")
     if inputs.shape[0] % rec.layout.microbatches:
         raise ValueError(f"batch of {inputs.shape[0]} does not split into "
                          f"{rec.layout.microbatches} microbatches evenly")
@@ -580,54 +599,3 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
     if locals_:
         torch._foreach_mul_(locals_, coef.to(locals_[0].dtype))
     return total
-
-
-# --- data ------------------------------------------------------------------------------------
-
-class _EpochLoader(DataLoader):  # type: ignore[type-arg,misc]
-    """A DataLoader whose distributed sampler moves to the next epoch on each new pass."""
-
-    _epoch = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        sampler = self.sampler
-        if isinstance(sampler, DistributedSampler):
-            sampler.set_epoch(self._epoch)
-        self._epoch += 1
-        it: Iterator[Any] = super().__iter__()
-        return telemetry.timed_batches(it) if telemetry.ENABLED else it
-
-
-def _shard_loader(loader: DataLoader[Any], replicas: int, rank: int) -> DataLoader[Any]:
-    """The loader over this data-parallel rank's share: tensor and pipeline ranks of one replica
-    read the same batches. Shuffled stays shuffled (seeded by the loader's generator, or kept
-    from a DistributedSampler it already had); every other option carries over."""
-    from torch.utils.data import IterableDataset, SequentialSampler
-
-    if isinstance(loader.dataset, IterableDataset):
-        raise ValueError("prepare() shards map-style datasets; an IterableDataset must split its "
-                         "stream by rank itself (pass loader=None)")
-    sampler = loader.sampler
-    if loader.batch_size is None:
-        raise ValueError("prepare() cannot shard a DataLoader built with batch_sampler=; give it "
-                         "batch_size= or shard it yourself (pass loader=None)")
-    if isinstance(sampler, DistributedSampler):
-        shuffle, seed = sampler.shuffle, sampler.seed
-    elif isinstance(sampler, RandomSampler | SequentialSampler):
-        shuffle = isinstance(sampler, RandomSampler)
-        seed = int(loader.generator.initial_seed()) if shuffle and loader.generator is not None else 0
-    else:
-        raise ValueError(f"prepare() cannot shard a DataLoader with a {type(sampler).__name__}; "
-                         "use shuffle=True/False or a DistributedSampler, or pass loader=None")
-    new_sampler = DistributedSampler(loader.dataset, num_replicas=replicas, rank=rank,  # type: ignore[arg-type]
-                                     shuffle=shuffle, seed=seed, drop_last=loader.drop_last)
-    extra: dict[str, Any] = {}
-    if loader.num_workers > 0:
-        extra = {"prefetch_factor": loader.prefetch_factor,
-                 "persistent_workers": loader.persistent_workers,
-                 "multiprocessing_context": loader.multiprocessing_context}
-    return _EpochLoader(loader.dataset, batch_size=loader.batch_size, sampler=new_sampler,
-                        num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-                        pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-                        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-                        generator=loader.generator, **extra)

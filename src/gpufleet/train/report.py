@@ -83,3 +83,14 @@ def report(step: int, *, loss: float | None = None, samples: int | None = None,
     for key, value in metrics.items():
         record[key] = float(value)
     _reporter.send(record)
+
+
+def send_event(kind: str, **fields: Any) -> None:
+    """A lifecycle note for the supervisor (a checkpoint saved, a resume, a skipped checkpoint),
+    which records it as a job event. Fire and forget, like `report`."""
+    global _reporter
+    if _reporter is None:
+        _reporter = _Reporter()
+    record = {"t": time.time(), "rank": _reporter.rank, "event": kind, "pid": _reporter.pid,
+              **{k: v for k, v in fields.items() if v is not None}}
+    _reporter.send(record)

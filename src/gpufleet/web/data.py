@@ -27,7 +27,8 @@ def cluster_dict(store: Store, c: Cluster, now: float) -> dict[str, Any]:
         "devices": clusters.device_ids(store, c), "status": c.status,
         "price_book": c.price_book, "usd_per_hour": c.usd_per_hour,
         "started_at": c.started_at, "stopped_at": c.stopped_at,
-        "cost_usd": cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, now),
+        "cost_usd": cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, now,
+                                     c.banked_usd or 0.0, c.rate_since),
         "job": job.name if job else None, "job_status": job.status if job else None,
     }
 

@@ -9,7 +9,7 @@
   const OVERLAP_S = 5;           // re-ask this much history: samples are stored up to ~1 s late
   const MAX_KEEP = 6000;         // per line; older points are thinned beyond it
   const GAP_S = 15;              // a longer silence breaks the line
-  const ACTIVE = new Set(["starting", "running"]);
+  const ACTIVE = new Set(["starting", "running", "restarting", "resizing"]);
   const COLORS = ["#5aa2ff", "#f5a524", "#3ecf8e", "#ef6b73", "#b48cf2", "#2dd4bf", "#f778ba",
     "#c9d1d9", "#e3b341", "#79c0ff"];
 

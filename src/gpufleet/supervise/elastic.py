@@ -1,0 +1,73 @@
+"""Elastic autoscaling: which world sizes a job may take, and when to move between them. Pure.
+
+The global batch stays fixed: it is the micro-batch times the largest world size, and on w
+workers each rank accumulates max/w micro-batches per optimizer step. So the sizes a job can
+take are the divisors of its maximum (within the range, and only those its parallel layout
+allows), and the loss curve does not notice a resize. Decisions read the mean device
+utilization over a window, wait out a cooldown after every change, and never ask for devices
+the pool does not have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Policy:
+    min_workers: int
+    max_workers: int
+    scale_up_util: float  # mean utilization at or above this for a window: grow
+    scale_down_util: float  # at or below this: shrink
+    cooldown_s: float  # after a start or a resize, before the next decision
+
+    @property
+    def window_s(self) -> float:
+        """How much utilization history a decision needs: the cooldown, at most 30 s."""
+        return min(30.0, self.cooldown_s)
+
+
+@dataclass(frozen=True)
+class Decision:
+    workers: int  # equal to the current size: stay
+    reason: str
+
+
+def sizes(policy: Policy, fits: Callable[[int], bool] = lambda _w: True) -> list[int]:
+    """World sizes the job may run at, smallest first: divisors of the maximum in the range
+    that the layout accepts."""
+    return [w for w in range(policy.min_workers, policy.max_workers + 1)
+            if policy.max_workers % w == 0 and fits(w)]
+
+
+def grad_accum(policy: Policy, workers: int) -> int:
+    return policy.max_workers // workers
+
+
+def decide(policy: Policy, allowed: list[int], workers: int,
+           util: list[tuple[float, float]], now: float, since: float, free: int) -> Decision:
+    """`util`: (time, mean utilization of the job's devices) samples; `since`: when the workers
+    started training after the last start or resize; `free`: devices the job could add."""
+    if now - since < policy.cooldown_s:
+        return Decision(workers, "cooling down")
+    recent = [v for t, v in util if t >= now - policy.window_s]
+    if not util or min(t for t, _ in util) > now - policy.window_s + 1.0 or not recent:
+        return Decision(workers, "not enough utilization history yet")
+    mean = sum(recent) / len(recent)
+    eps = 1e-9  # a mean of many 0.9s may come out a hair under 0.9
+    bigger = [w for w in allowed if w > workers]
+    smaller = [w for w in allowed if w < workers]
+    window = f"{policy.window_s:.0f} s"
+    if mean >= policy.scale_up_util - eps and bigger:
+        room = [w for w in bigger if w - workers <= free]
+        if not room:
+            return Decision(workers, f"utilization {mean:.2f} >= {policy.scale_up_util:.2f} over "
+                            f"{window}, but the pool has {free} free device(s) and growing to "
+                            f"{bigger[0]} needs {bigger[0] - workers}")
+        return Decision(room[0], f"utilization {mean:.2f} >= {policy.scale_up_util:.2f} over "
+                        f"{window}")
+    if mean <= policy.scale_down_util + eps and smaller:
+        return Decision(smaller[-1], f"utilization {mean:.2f} <= {policy.scale_down_util:.2f} "
+                        f"over {window}")
+    return Decision(workers, f"utilization {mean:.2f} within thresholds")

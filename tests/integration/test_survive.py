@@ -1,0 +1,216 @@
+"""Surviving failures and resizing, with real gloo workers under the real CLI.
+
+Every job here runs workers/survive.py: a deterministic DDP regression whose rank 0 appends each
+step's loss to a file (across restarts) and saves the final weights. A reference run of the same
+script under bare torchrun, never interrupted, gives the weights and losses a recovered job must
+reproduce.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+from fleet_helpers import WORKERS, Fleet, wait_no_leftovers
+
+SURVIVE = str(WORKERS / "survive.py")
+STEPS = 30
+
+
+def reference(tmp: Path, steps: int = STEPS, workers: int = 2) -> tuple[dict[str, Any], list[float]]:
+    """Final weights and per-step losses of an uninterrupted run under bare torchrun."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    losses, out = tmp / "ref.jsonl", tmp / "ref.pt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    env["GPUFLEET_CHECKPOINT_DIR"] = str(tmp / "ref-checkpoints")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", str(workers), SURVIVE, "--steps", str(steps),
+                    "--losses", str(losses), "--out", str(out)],
+                   env=env, cwd=tmp, check=True, capture_output=True, timeout=120)
+    return torch.load(out), [r["loss"] for r in read_losses(losses)]
+
+
+def read_losses(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def rank_pid(home: Path, rank: int) -> int:
+    """The pid of this home's survive.py worker with RANK=`rank` (waits for it to exist)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if SURVIVE in " ".join(p.info["cmdline"] or []):
+                    env = p.environ()
+                    if env.get("GPUFLEET_HOME") == str(home) and env.get("RANK") == str(rank):
+                        return p.pid
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    pytest.fail(f"no rank {rank} worker found under {home}")
+
+
+def wait_done(fleet: Fleet, job: str, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = fleet.status(job)
+        if s["status"] not in ("starting", "running", "restarting", "resizing"):
+            return s
+        time.sleep(0.5)
+    pytest.fail(f"job {job} did not end in {timeout}s: {fleet.status(job)}")
+
+
+def kinds(status: dict[str, Any]) -> list[str]:
+    return [e["kind"] for e in status["events"]]
+
+
+def reason_of(status: dict[str, Any], kind: str) -> str:
+    return next(e["reason"] for e in status["events"] if e["kind"] == kind)
+
+
+def same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_killed_rank_restarts_from_checkpoint_with_identical_weights(fleet: Fleet,
+                                                                     tmp_path: Path) -> None:
+    ref_weights, ref_losses = reference(tmp_path / "ref")
+    losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
+    fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "k9", "-y",
+             "--max-restarts", "2", SURVIVE, "--", "--steps", str(STEPS), "--every", "5",
+             "--async-save", "--step-sleep", "0.1", "--slow-until", "1000",
+             "--losses", str(losses), "--out", str(out))
+    fleet.wait_for_step("k9", 12)
+    os.kill(rank_pid(fleet.home, 1), signal.SIGKILL)  # kill -9 mid-training
+    s = wait_done(fleet, "k9")
+    assert s["status"] == "succeeded", s
+    assert s["step"] == STEPS
+    assert same_weights(torch.load(out), ref_weights), "weights differ from an uninterrupted run"
+    failed = reason_of(s, "worker_failed")
+    assert "rank 1" in failed and "SIGKILL" in failed
+    restart = reason_of(s, "restarting")
+    assert "from the checkpoint at step" in restart and "redone" in restart
+    assert "resumed" in kinds(s)
+    rows = read_losses(losses)
+    redone = [r for r in rows if sum(1 for o in rows if o["step"] == r["step"]) > 1]
+    assert redone, "the steps after the checkpoint were run again"
+    final = {r["step"]: r["loss"] for r in rows}  # the last value of each step wins
+    assert [final[i] for i in range(1, STEPS + 1)] == ref_losses
+
+
+def test_stopped_rank_is_found_by_hang_timeout_and_the_job_recovers(fleet: Fleet) -> None:
+    fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "hung", "-y",
+             "--max-restarts", "1", "--hang-timeout", "3s", SURVIVE, "--",
+             "--steps", str(STEPS), "--every", "5", "--step-sleep", "0.1", "--slow-until", "1000",
+             "--losses", str(fleet.cwd / "losses.jsonl"))
+    fleet.wait_for_step("hung", 8)
+    stopped_at = time.time()
+    os.kill(rank_pid(fleet.home, 1), signal.SIGSTOP)
+    s = wait_done(fleet, "hung")
+    assert s["status"] == "succeeded", s
+    assert s["step"] == STEPS
+    hang = next(e for e in s["events"] if e["kind"] == "hang")
+    assert "rank 1 is stopped" in hang["reason"]
+    found_after = hang["time"] - stopped_at
+    assert 3 <= found_after < 3 + 4, f"hang found {found_after:.1f}s after SIGSTOP (timeout 3s)"
+
+
+def test_same_failure_again_and_again_stops_the_job(fleet: Fleet, tmp_path: Path) -> None:
+    crash = tmp_path / "crash.py"
+    crash.write_text("import sys\nfrom gpufleet import train\ntrain.setup()\ntrain.report(1)\n"
+                     "raise RuntimeError('bad batch at step 1')\n")
+    r = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "loop", "-y",
+              "--max-restarts", "10", str(crash), timeout=120)
+    assert r.returncode == 1
+    s = fleet.status("loop")
+    assert s["status"] == "failed"
+    assert "3 times in a row the same way" in s["reason"]
+    assert "RuntimeError: bad batch at step 1" in s["reason"]
+    assert kinds(s).count("restarting") == 2, kinds(s)
+
+
+def test_corrupt_newest_checkpoint_is_skipped_on_resume(fleet: Fleet, tmp_path: Path) -> None:
+    ref_weights, _ = reference(tmp_path / "ref")
+    losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
+    args = ("--steps", str(STEPS), "--every", "5", "--losses", str(losses), "--out", str(out))
+    r = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "bad", "-y", SURVIVE, "--",
+              *args, "--die-at", "13", "--die-rank", "0", timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    folder = fleet.home / "jobs" / "bad" / "checkpoints"
+    newest = sorted(p for p in folder.iterdir() if p.name.startswith("step-"))[-1]
+    assert newest.name == "step-00000010"
+    shard = newest / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(data)
+    fleet.ok("run", "--resume", "bad", "-y", timeout=120)
+    s = fleet.status("bad")
+    assert s["status"] == "succeeded" and s["step"] == STEPS
+    skipped = reason_of(s, "checkpoint_skipped")
+    assert "step 10" in skipped and "checksum mismatch" in skipped
+    assert reason_of(s, "resumed") == "from the checkpoint at step 5"
+    assert same_weights(torch.load(out), ref_weights)
+
+
+def test_killed_supervisor_leaves_nothing_and_resume_continues(fleet: Fleet,
+                                                               tmp_path: Path) -> None:
+    ref_weights, _ = reference(tmp_path / "ref")
+    losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
+    fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "orphan", "-y", SURVIVE,
+             "--", "--steps", str(STEPS), "--every", "5", "--step-sleep", "0.1",
+             "--slow-until", "1000", "--losses", str(losses), "--out", str(out))
+    fleet.wait_for_step("orphan", 12)
+    sup = [p for p in psutil.process_iter(["cmdline"])
+           if "gpufleet.supervise.supervisor" in " ".join(p.info["cmdline"] or [])
+           and p.environ().get("GPUFLEET_HOME") == str(fleet.home)]
+    assert len(sup) == 1
+    sup[0].kill()
+    assert wait_no_leftovers(fleet.home, timeout=15) == []
+    s = fleet.status("orphan")
+    assert s["status"] == "interrupted"
+    assert fleet.clusters() == [], "the job's devices are freed"
+    fleet.ok("run", "--resume", "orphan", "-y", timeout=120)
+    s = fleet.status("orphan")
+    assert s["status"] == "succeeded" and s["step"] == STEPS
+    assert "resumed" in kinds(s)
+    assert same_weights(torch.load(out), ref_weights)
+    assert fleet.clusters() == []
+
+
+def test_elastic_job_scales_down_and_up_keeping_the_loss_curve(fleet: Fleet,
+                                                               tmp_path: Path) -> None:
+    steps = 120
+    ref_weights, ref_losses = reference(tmp_path / "ref", steps=steps)
+    losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
+    # Sleeping steps (low utilization) until step 30, then busy ones: 2 -> 1 -> 2 workers.
+    r = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "elastic", "-y",
+              "--workers", "1:2", "--scale-down-util", "0.3", "--scale-up-util", "0.6",
+              "--cooldown", "3s", SURVIVE, "--", "--steps", str(steps), "--every", "1000",
+              "--step-sleep", "0.25", "--slow-until", "30", "--busy-s", "0.1",
+              "--losses", str(losses), "--out", str(out), timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = fleet.status("elastic")
+    resized = [e["reason"] for e in s["events"] if e["kind"] == "resized"]
+    assert len(resized) == 2 and resized[0].startswith("2 -> 1") and resized[1].startswith("1 -> 2")
+    assert "utilization" in reason_of(s, "resizing")
+    assert s["step"] == steps
+    rows = read_losses(losses)
+    assert {r["world"] for r in rows} == {1, 2}
+    assert all(r["accum"] == 2 // r["world"] for r in rows), "the global batch stays the same"
+    final = {r["step"]: r["loss"] for r in rows}
+    assert sorted(final) == list(range(1, steps + 1))
+    # Same samples per step in the same order, summed in another order: equal up to rounding.
+    for step in range(1, steps + 1):
+        assert final[step] == pytest.approx(ref_losses[step - 1], rel=1e-4, abs=1e-6), step
+    got = torch.load(out)
+    assert all(torch.allclose(got[k], ref_weights[k], rtol=1e-4, atol=1e-6) for k in got)
+    assert fleet.clusters() == [], "the cluster made for the job is freed at the end"
