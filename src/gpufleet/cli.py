@@ -463,7 +463,7 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None,
             clusters.stop(store, cluster.name, reason="job could not be created",
                           cluster_id=cluster.id)
         raise
-    _supervise(store, job, cluster, detach)
+    _supervise(store, job, cluster, detach, cpu_slots)
 
 
 def _first_world(spec: JobSpec, devices: int, cluster: str, nodes: int = 1) -> int:
@@ -523,37 +523,43 @@ def _resume_job(name: str, detach: bool, yes: bool, cpu_slots: int | None) -> No
         if cluster.for_job == job.name and cluster.id != old.id:
             clusters.stop(store, cluster.name, reason="job could not resume", cluster_id=cluster.id)
         raise
-    _supervise(store, job, cluster, detach)
+    _supervise(store, job, cluster, detach, cpu_slots)
 
 
-def _supervise(store: Store, job: Job, cluster: Cluster, detach: bool) -> None:
+def _supervise(store: Store, job: Job, cluster: Cluster, detach: bool,
+               cpu_slots: int | None = None) -> None:
     """Hand the job to its supervisor: a detached process, or this one with a live view."""
     from gpufleet.supervise import jobs
 
     if detach:
-        jobs.set_supervisor(store, job.id, _start_detached(job))
+        jobs.set_supervisor(store, job.id, _start_detached(job, cpu_slots))
         out.print(f"Job [bold]{job.name}[/] started on {cluster.name} in the background.\n"
                   f"  follow:  gpufleet logs {job.name} -f\n  status:  gpufleet status {job.name}"
                   f"\n  stop:    gpufleet stop {job.name}")
         return
     jobs.set_supervisor(store, job.id, os.getpid())  # this process supervises it
-    final, interrupted = _foreground(store, job, cluster)
+    final, interrupted = _foreground(store, job, cluster, cpu_slots)
     if final.status == "succeeded":
         raise typer.Exit(0)
     raise typer.Exit(130 if interrupted else 1)  # 130: what a shell reports after Ctrl-C
 
 
-def _start_detached(job: Job) -> int:
-    """Start the job's own supervisor process; its pid."""
+def _start_detached(job: Job, cpu_slots: int | None = None) -> int:
+    """Start the job's own supervisor process; its pid. It sees the pool as this command did
+    (`--cpu-slots`), for an elastic job growing its cluster."""
+    env = dict(os.environ)
+    if cpu_slots is not None:
+        env["GPUFLEET_CPU_SLOTS"] = str(cpu_slots)
     with open(Path(job.job_dir) / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet.supervise.supervisor", job.name],
+            [sys.executable, "-m", "gpufleet.supervise.supervisor", job.name], env=env,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     return proc.pid
 
 
-def _foreground(store: Store, job: Job, cluster: Cluster) -> tuple[Job, bool]:
+def _foreground(store: Store, job: Job, cluster: Cluster,
+                cpu_slots: int | None = None) -> tuple[Job, bool]:
     """Supervise the job in this process with a live view; (final job, ended by Ctrl-C)."""
     from gpufleet import ui
     from gpufleet.supervise.supervisor import Supervisor
@@ -570,7 +576,7 @@ def _foreground(store: Store, job: Job, cluster: Cluster) -> tuple[Job, bool]:
 
     if tty:  # a live panel under the scrolling log lines
         with Live(console=out, refresh_per_second=4, transient=True) as live:
-            sup = Supervisor(store, job, cluster, _backend(),
+            sup = Supervisor(store, job, cluster, _backend(cpu_slots),
                              on_tick=lambda v: live.update(ui.job_panel(v)), on_line=on_line)
             final = sup.run()
     else:  # logs and a progress line every 10 s
@@ -579,7 +585,8 @@ def _foreground(store: Store, job: Job, cluster: Cluster) -> tuple[Job, bool]:
                 last_line[0] = time.time()
                 out.print(ui.progress_line(v), markup=False, highlight=False)
 
-        sup = Supervisor(store, job, cluster, _backend(), on_tick=on_tick, on_line=on_line)
+        sup = Supervisor(store, job, cluster, _backend(cpu_slots), on_tick=on_tick,
+                         on_line=on_line)
         final = sup.run()
     try:
         out.print(ui.summary_table(sup.view()))

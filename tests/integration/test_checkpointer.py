@@ -135,3 +135,21 @@ def test_four_ranks_staggered_async_save_resumes_on_two(tmp_path: Path) -> None:
     _torchrun(2, ["--steps", "20", *common], run, {**env, "GPUFLEET_GRAD_ACCUM": "2"})
     got, want = torch.load(run / "w.pt"), torch.load(ref / "w.pt")
     assert all(torch.allclose(got[k], want[k], rtol=1e-4, atol=1e-6) for k in want)
+
+
+def test_a_corrupt_newer_checkpoint_is_set_aside_so_new_ones_are_kept(tmp_path: Path) -> None:
+    """Left in place, a damaged step-4 would outrank every new save below it, and keep=1 would
+    prune each new checkpoint the moment it was written."""
+    model, optim = model_and_optim(0)
+    ckpt = Checkpointer(model, optim, dir=tmp_path, every_steps=2, keep=2)
+    for step in range(1, 5):
+        ckpt.step(step)
+    shard = tmp_path / "step-00000004" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0xFF
+    shard.write_bytes(data)
+    again = Checkpointer(model, optim, dir=tmp_path, every_steps=1, keep=1)
+    assert again.resume() == 2
+    assert again.step(3)
+    assert [s for s, _ in ckpt_files.complete(tmp_path)] == [3]
+    assert (tmp_path / "step-00000004.corrupt").is_dir(), "kept aside for a look"

@@ -158,6 +158,7 @@ def test_corrupt_newest_checkpoint_is_skipped_on_resume(fleet: Fleet, tmp_path: 
     skipped = reason_of(s, "checkpoint_skipped")
     assert "step 10" in skipped and "checksum mismatch" in skipped
     assert reason_of(s, "resumed") == "from the checkpoint at step 5"
+    assert (folder / "step-00000010.corrupt").is_dir(), "the damaged one is set aside"
     assert same_weights(torch.load(out), ref_weights)
 
 

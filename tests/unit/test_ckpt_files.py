@@ -322,3 +322,16 @@ def test_fetched_damage_is_caught_by_check(tmp_path: Path, memory_root: str) -> 
 
 def test_remote_complete_of_a_missing_location_is_empty(memory_root: str) -> None:
     assert files.remote_complete(memory_root) == []
+
+
+def test_prune_spares_protected_folders(tmp_path: Path) -> None:
+    """A checkpoint still being copied to durable storage is not deleted under the copier."""
+    for step in (1, 2, 3):
+        folder = tmp_path / files.folder_name(step)
+        folder.mkdir()
+        (folder / "data").write_bytes(b"x")
+        files.write_manifest(folder, step, 1, {})
+    oldest = tmp_path / files.folder_name(1)
+    gone = files.prune(tmp_path, keep=1, protect={oldest})
+    assert gone == [tmp_path / files.folder_name(2)]
+    assert oldest.is_dir()

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import select
 import signal
 import socket
@@ -105,6 +106,7 @@ class Supervisor:
         self.resize_target: int | None = None
         self.resize_deadline: float | None = None
         self.last_scale_note = ""
+        self.free_cache: tuple[float, int] | None = None
         self.policy, self.allowed, self.workers = elastic_plan(self.spec, job.world_size)
 
     # -- signals ------------------------------------------------------------------------------
@@ -176,12 +178,17 @@ class Supervisor:
         resize, until the job ends; the last exit code."""
         while True:
             outcome = self._run_once(job_dir, sink, sock)
-            if outcome.kind == "stop" or (outcome.kind == "exit" and outcome.code == 0
-                                          and not self.exited_for_resize):
+            left_for_resize = outcome.kind == "exit" and outcome.code == 0 and (
+                self.exited_for_resize or self._exit_acknowledged())
+            if outcome.kind == "stop" or self.stop_reason is not None:
+                self.exited_for_resize = left_for_resize
                 return outcome.code
-            if outcome.kind == "exit" and outcome.code == 0:  # the workers saved and left
+            if outcome.kind == "exit" and outcome.code == 0 and not left_for_resize:
+                return outcome.code
+            if left_for_resize:  # the workers saved and left
                 self._resize(sink)
                 continue
+            self.resize_target = self.resize_deadline = None  # a failure ends a pending resize
             failure = self._failure(outcome, sink)
             self.failures.append(failure)
             decision = restarts.decide(self.failures, self.spec.max_restarts)
@@ -232,6 +239,8 @@ class Supervisor:
             (job_dir / file_name).write_text(content)
         (job_dir / "command.json").write_text(json.dumps({"argv": cmd.argv, "env": cmd.env},
                                                          indent=1))
+        for stale in (self._control_path(), Path(f"{self._control_path()}.exited")):
+            stale.unlink(missing_ok=True)  # requests to earlier workers (or an earlier supervisor)
         if self.runs > 1:
             jobs.transition(self.store, self.job.id, "running",
                             f"{self.workers} worker(s) on {self.cluster.name} (run {self.runs})",
@@ -255,6 +264,25 @@ class Supervisor:
             outcome = dataclasses.replace(outcome, rank=rank, rank_code=rank_code,
                                           error=last_exception(last), last_lines="\n".join(last))
         return outcome
+
+    def _control_path(self) -> Path:
+        return Path(self.job.job_dir) / "control.json"
+
+    def _exit_acknowledged(self) -> bool:
+        """The workers' own word (a file, in case the datagram was lost) that they exited to be
+        resized in answer to our latest request."""
+        try:
+            seen = int(Path(f"{self._control_path()}.exited").read_text())
+        except (OSError, ValueError):
+            return False
+        return self.resize_target is not None and seen == self.control_seq
+
+    def _request(self, action: str) -> None:
+        self.control_seq += 1
+        control = self._control_path()
+        tmp = control.with_name("control.json.tmp")
+        tmp.write_text(json.dumps({"seq": self.control_seq, "action": action}))
+        os.replace(tmp, control)
 
     def _survive_env(self, job_dir: Path) -> dict[str, str]:
         """Where checkpoints go and how the supervisor asks for one, for `train.Checkpointer`."""
@@ -356,6 +384,16 @@ class Supervisor:
     # -- elastic --------------------------------------------------------------------------------
     def _autoscale(self, now: float) -> None:
         policy = self.policy
+        if self.resize_deadline is not None and now > self.resize_deadline:
+            # The workers keep reporting but never reached ckpt.step() (a long evaluation,
+            # say): give up this resize rather than stay 'resizing' for ever.
+            jobs.add_event(self.store, self.job.id, "scale_blocked",
+                           f"resize to {self.resize_target} abandoned: the workers did not save "
+                           f"within {2 * self.spec.hang_timeout_s:.0f} s")
+            self.resize_target = self.resize_deadline = None
+            self._request("none")  # supersedes the request, if no rank has read it yet
+            jobs.transition(self.store, self.job.id, "running", "resize abandoned")
+            self.job.status = "running"
         if policy is None or self.resize_target is not None or self.training_since is None:
             return
         series = self.recent.snapshot(now).get("gpu_utilization", {})
@@ -371,41 +409,51 @@ class Supervisor:
             decision = elastic.decide(policy, self.allowed, self.workers, util, now,
                                       self.training_since, self._free_devices())
         if decision.workers == self.workers:
-            if decision.reason != self.last_scale_note and "free device" in decision.reason:
-                jobs.add_event(self.store, self.job.id, "scale_blocked", decision.reason)
-            self.last_scale_note = decision.reason
+            if "free device" in decision.reason:
+                self._note_blocked(decision.reason)
+            else:
+                self.last_scale_note = ""
             return
         if not self.has_checkpointer:
-            note = (f"would resize {self.workers} -> {decision.workers} ({decision.reason}), but "
-                    "the script has no gpufleet.train.Checkpointer: a resize would lose its "
-                    "progress")
-            if note != self.last_scale_note:
-                jobs.add_event(self.store, self.job.id, "scale_blocked", note)
-                self.last_scale_note = note
+            self._note_blocked(f"would resize {self.workers} -> {decision.workers} "
+                               f"({decision.reason}), but the script has no "
+                               "gpufleet.train.Checkpointer: a resize would lose its progress")
             return
         self.resize_target = decision.workers
         self.resize_deadline = now + 2 * self.spec.hang_timeout_s
-        self.control_seq += 1
-        control = Path(self.job.job_dir) / "control.json"
-        tmp = control.with_name("control.json.tmp")
-        tmp.write_text(json.dumps({"seq": self.control_seq, "action": "save_exit"}))
-        os.replace(tmp, control)
+        self._request("save_exit")
         reason = f"{self.workers} -> {decision.workers} workers: {decision.reason}"
         jobs.transition(self.store, self.job.id, "resizing", reason)
         self.job.status = "resizing"
         self._say(f"resizing {reason}")
 
+    def _note_blocked(self, reason: str) -> None:
+        """One event per kind of refusal, not one a second: the figures in it change."""
+        key = re.sub(r"\d+(\.\d+)?", "#", reason)
+        if key != self.last_scale_note:
+            jobs.add_event(self.store, self.job.id, "scale_blocked", reason)
+            self.last_scale_note = key
+
     def _free_devices(self) -> int:
-        if self.cluster.for_job == self.job.name:
-            return clusters.free_count(self.store, self.cluster, self.backend.discover())
-        return self.cluster.count - self.workers  # a shared cluster: grow within it only
+        """Devices the job could grow by: its cluster's own idle ones, plus, for a cluster made
+        for it, free ones of its type in the pool (looked up at most every 10 s)."""
+        idle = max(0, self.cluster.count - self.workers)
+        if self.cluster.for_job != self.job.name:
+            return idle  # a shared cluster: grow within it only
+        now = time.monotonic()
+        if self.free_cache is None or now - self.free_cache[0] > 10.0:
+            self.free_cache = (now, clusters.free_count(self.store, self.cluster,
+                                                        self.backend.discover()))
+        return idle + self.free_cache[1]
 
     def _resize(self, sink: LogSink) -> None:
         """The workers saved and exited: change the reservation (a cluster made for this job)
         and start again at the new size, or at the old one if the devices went meanwhile."""
         target, self.resize_target, self.resize_deadline = self.resize_target, None, None
-        assert target is not None
         before = self.workers
+        if target is None:  # the workers answered a request we had abandoned: same size again
+            target = before
+        self.free_cache = None
         if self.cluster.for_job == self.job.name:
             try:
                 self.cluster = clusters.resize(self.store, self.cluster.id, target,
@@ -458,8 +506,9 @@ class Supervisor:
         """A lifecycle note from the Checkpointer, recorded as a job event."""
         kind = str(rec["event"])
         step = _opt(int, rec.get("step"))
-        self.last_seen[int(rec["rank"])] = (time.time(), self.last_seen.get(
-            int(rec["rank"]), (0.0, step or 0))[1])
+        rank = int(rec["rank"])
+        if rank in self.last_seen:  # a sign of life, but only reports start the hang clock
+            self.last_seen[rank] = (time.time(), self.last_seen[rank][1])
         if kind == "checkpointer":
             self.has_checkpointer = True
         elif kind == "checkpoint":
@@ -562,7 +611,7 @@ class Supervisor:
             status, reason = "failed", self.error
         elif self.final_failure is not None and self.stop_reason is None:
             status, reason = "failed", self.final_failure
-        elif self.stop_reason is not None and code != 0:
+        elif self.stop_reason is not None and (code != 0 or self.exited_for_resize):
             # `gpufleet stop` leaves its reason on the row before it signals us
             asked = jobs.get(self.store, self.job.name).reason
             status, reason = "stopped", asked if asked == jobs.STOP_REQUESTED else self.stop_reason

@@ -17,7 +17,7 @@ at most `writers` ranks of a node writing at once, atomically (see ckpt_files).
 
 Under gpufleet's supervisor the Checkpointer also listens for its requests: "save now" and
 "save, then exit" (before an elastic resize). Rank 0 reads the request and broadcasts it over
-a separate gloo group every step, so all ranks act on the same step; that costs one tiny CPU
+a gloo group of its own every step, so all ranks act on the same step; that costs one tiny CPU
 broadcast per step, and nothing at all when unsupervised and saving by step count only.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import queue
 import random
 import shutil
 import sys
@@ -146,14 +147,19 @@ class Checkpointer:
         self.control = os.environ.get(CONTROL_ENV) or None
         self._control_seen = self._read_control()[0] if self.control else 0
         self._log = log or (lambda msg: print(f"gpufleet: {msg}", file=sys.stderr, flush=True))
-        self.group: Any = None
+        self.group: Any = None  # the main thread's: flags, barriers, resume verdicts
+        self.save_group: Any = None  # DCP's own, which an async save uses from its thread
         if self.world > 1:
-            # Its own gloo group: async saves run collectives in a background thread, which must
-            # not interleave with training's collectives on the default group.
+            # Gloo groups of our own: an async save runs collectives in a background thread,
+            # which must not interleave with training's collectives on the default group, nor
+            # with our per-step flag broadcast.
             self.group = dist.new_group(backend="gloo")
+            self.save_group = dist.new_group(backend="gloo")
         self._last_save_t = time.monotonic()
         self._pending: tuple[Future[Any], int, Path, float, float] | None = None
-        self._uploads: list[threading.Thread] = []
+        self._uploads: queue.Queue[tuple[Path, int]] = queue.Queue()
+        self._uploader: threading.Thread | None = None
+        self._uploading: set[Path] = set()  # local folders queued or being copied
         self.last_saved: int | None = None
         self.blocked_s: list[float] = []  # time training waited, per save (for benchmarks)
         send_event("checkpointer", dir=str(self.dir), every_steps=every_steps,
@@ -164,14 +170,21 @@ class Checkpointer:
         """Load the newest intact checkpoint (local, else durable) and return its step; 0 when
         there is none. A corrupt or partial one is skipped with a warning."""
         for step, folder in self._candidates():
-            verdict = files.check(folder, (self.local_rank, self.local_world)) if folder.is_dir() \
-                else files.Verdict(False, "not on this node")
+            fetched = self._fetch(folder)
+            if isinstance(fetched, files.Verdict):
+                verdict = fetched
+            else:
+                folder = fetched
+                verdict = files.check(folder, (self.local_rank, self.local_world)) \
+                    if folder.is_dir() else files.Verdict(False, "not on this node")
             verdicts = self._gather((verdict.ok, verdict.why))
             bad = [why for ok, why in verdicts if not ok]
             if bad:
                 if self.rank == 0:
                     self._log(f"skipping checkpoint {folder}: {bad[0]}")
                     send_event("checkpoint_skipped", step=step, path=str(folder), why=bad[0])
+                    if not verdicts[0][0] and folder.is_dir():
+                        self._quarantine(folder)
                 continue
             self._load(folder)
             self.last_saved = step
@@ -195,18 +208,38 @@ class Checkpointer:
                     if step not in have:  # fetched into the local folder before loading
                         found.append((step, self.dir / (name + files.PARTIAL)))
             found.sort(key=lambda c: (-c[0], c[1].parent != self.dir))
-        chosen = self._broadcast(found)
-        fetched: list[tuple[int, Path]] = []
-        for step, folder in chosen:
-            if folder.name.endswith(files.PARTIAL) and self.durable and files.is_url(self.durable):
-                final = folder.with_name(folder.name.removesuffix(files.PARTIAL))
-                if self.local_rank == 0 and not final.is_dir():
-                    files.fetch(self.durable, folder.name.removesuffix(files.PARTIAL), folder)
-                    folder.rename(final)
-                self._barrier()
-                folder = final
-            fetched.append((step, folder))
-        return fetched
+        chosen: list[tuple[int, Path]] = self._broadcast(found)
+        return chosen
+
+    def _fetch(self, folder: Path) -> Path | files.Verdict:
+        """A candidate that lives at the durable URL is downloaded (by each node's local rank
+        0) into the local folder first; a failed download is a verdict like a bad checksum.
+        Collective when it downloads: every rank reaches the same barrier."""
+        if not (folder.name.endswith(files.PARTIAL) and self.durable
+                and files.is_url(self.durable)):
+            return folder
+        name = folder.name.removesuffix(files.PARTIAL)
+        final = folder.with_name(name)
+        failure: files.Verdict | None = None
+        if self.local_rank == 0 and not final.is_dir():
+            try:
+                shutil.rmtree(folder, ignore_errors=True)
+                files.fetch(self.durable, name, folder)
+                folder.rename(final)
+            except Exception as exc:  # the next candidate may do; say why this one did not
+                failure = files.Verdict(False, f"download failed: {type(exc).__name__}: {exc}")
+        self._barrier()
+        return failure or final
+
+    def _quarantine(self, folder: Path) -> None:
+        """Rename a damaged checkpoint out of the way (kept for a look): left as it was, its
+        higher step would make pruning delete the new, good checkpoints instead."""
+        target = folder.with_name(folder.name + ".corrupt")
+        try:
+            shutil.rmtree(target, ignore_errors=True)
+            folder.rename(target)
+        except OSError as exc:
+            self._log(f"could not set {folder} aside: {exc}")
 
     def _load(self, folder: Path) -> None:
         state = model_state(self.model, self.optimizer)
@@ -216,7 +249,7 @@ class Checkpointer:
         same_world = manifest.get("world_size") == self.world
         if same_world:
             state[rng_key] = b""
-        dcp.load(state, checkpoint_id=str(folder), process_group=self.group)
+        dcp.load(state, checkpoint_id=str(folder), process_group=self.save_group)
         apply_model_state(self.model, self.optimizer, state)
         trainer = pickle.loads(state["trainer"])
         if self.loader is not None and trainer.get("loader") is not None:
@@ -253,7 +286,8 @@ class Checkpointer:
                 seq, action = self._read_control()
                 if seq > self._control_seen:
                     self._control_seen = seq
-                    flags = [1, int(action == "save_exit")]
+                    if action in ("save", "save_exit"):  # anything else cancels nothing: no-op
+                        flags = [1, int(action == "save_exit")]
             due_now = self._broadcast_flags(flags)
             due, exit_after = due or bool(due_now[0]), bool(due_now[1])
         if not due or step == self.last_saved:
@@ -279,12 +313,12 @@ class Checkpointer:
         state[f"rng/{self.rank}"] = pickle.dumps(_rng_state())
         writer = _TurnWriter(partial, self.rank, self.local_rank, self.writers)
         if self.async_save and not sync:
-            future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            future = dcp.async_save(state, storage_writer=writer, process_group=self.save_group)
             assert isinstance(future, Future)
             blocked = time.perf_counter() - t0
             self._pending = (future, step, partial, blocked, time.time())
         else:
-            dcp.save(state, storage_writer=writer, process_group=self.group)
+            dcp.save(state, storage_writer=writer, process_group=self.save_group)
             blocked = time.perf_counter() - t0
             self._completed(step, partial, blocked)
         self.blocked_s.append(blocked)
@@ -328,14 +362,26 @@ class Checkpointer:
             size = sum(p.stat().st_size for p in final.iterdir() if p.is_file())
             send_event("checkpoint", step=step, path=str(final), bytes=size,
                        blocked_s=round(blocked, 4), async_save=self.async_save)
-            files.prune(self.dir, self.keep)
-        elif self.local_rank == 0:  # another node: its shards stay here, under the partial name
-            files.prune(self.dir, self.keep)
+        source = final if self.rank == 0 else partial
         if self.durable and self.local_rank == 0:
-            source = final if self.rank == 0 else partial
-            t = threading.Thread(target=self._upload, args=(source, step), daemon=True)
-            t.start()
-            self._uploads = [u for u in self._uploads if u.is_alive()] + [t]
+            self._uploading.add(source)
+            self._uploads.put((source, step))
+            if self._uploader is None:
+                self._uploader = threading.Thread(target=self._upload_loop, daemon=True,
+                                                  name="gpufleet-checkpoint-copy")
+                self._uploader.start()
+        if self.local_rank == 0:  # on another node its shards stay here, under the partial name
+            files.prune(self.dir, self.keep, protect=set(self._uploading))
+
+    def _upload_loop(self) -> None:
+        """Copies run one at a time, oldest first, so two never prune each other's folders."""
+        while True:
+            source, step = self._uploads.get()
+            try:
+                self._upload(source, step)
+            finally:
+                self._uploading.discard(source)
+                self._uploads.task_done()
 
     def _upload(self, source: Path, step: int) -> None:
         """Copy this node's files to the durable location, one node at a time; rank 0 copies
@@ -384,9 +430,7 @@ class Checkpointer:
     def wait(self) -> None:
         """Finish the save in flight and the copies to durable storage (collective)."""
         self._finish_pending()
-        for t in self._uploads:
-            t.join()
-        self._uploads = []
+        self._uploads.join()
 
     def close(self) -> None:
         """Wait for everything in flight; call once at the end of training (collective)."""
@@ -399,6 +443,8 @@ class Checkpointer:
         self._barrier()
         if self.rank == 0:
             send_event("exit_for_resize", step=step)
+            if self.control is not None:  # a datagram can be lost; the supervisor reads this too
+                Path(self.control + ".exited").write_text(str(self._control_seen))
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         if dist.is_initialized():

@@ -136,9 +136,9 @@ def complete(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def prune(root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` complete checkpoints, and partial folders left behind.
-    Returns what was deleted."""
+def prune(root: Path, keep: int, protect: set[Path] | None = None) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints, and partial folders left behind,
+    except the folders in `protect`. Returns what was deleted."""
     done = complete(root)
     gone = [p for _, p in done[keep:]]
     newest = done[0][0] if done else None
@@ -150,6 +150,7 @@ def prune(root: Path, keep: int) -> list[Path]:
         # ever holds partial folders (its shards of checkpoints finished on rank 0's node)
         if (newest is not None and step is not None and step < newest) or i >= keep:
             gone.append(p)
+    gone = [p for p in gone if p not in (protect or set())]  # e.g. still being copied out
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
     return gone
