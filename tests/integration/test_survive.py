@@ -121,7 +121,8 @@ def test_stopped_rank_is_found_by_hang_timeout_and_the_job_recovers(fleet: Fleet
     hang = next(e for e in s["events"] if e["kind"] == "hang")
     assert "rank 1 is stopped" in hang["reason"]
     found_after = hang["time"] - stopped_at
-    assert 3 <= found_after < 3 + 4, f"hang found {found_after:.1f}s after SIGSTOP (timeout 3s)"
+    # the clock starts at the last report, a moment before or after the SIGSTOP
+    assert 2.5 <= found_after < 3 + 4, f"hang found {found_after:.1f}s after SIGSTOP (timeout 3s)"
 
 
 def test_same_failure_again_and_again_stops_the_job(fleet: Fleet, tmp_path: Path) -> None:
@@ -189,19 +190,22 @@ def test_killed_supervisor_leaves_nothing_and_resume_continues(fleet: Fleet,
 
 def test_elastic_job_scales_down_and_up_keeping_the_loss_curve(fleet: Fleet,
                                                                tmp_path: Path) -> None:
-    steps = 120
+    steps = 160
     ref_weights, ref_losses = reference(tmp_path / "ref", steps=steps)
     losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
-    # Sleeping steps (low utilization) until step 30, then busy ones: 2 -> 1 -> 2 workers.
+    # Sleeping steps (utilization ~0.03) until step 40, then busy ones (~0.75 on 1 worker with
+    # 2 threads, ~0.95 on 2): 2 -> 1 -> 2 workers. Thresholds far from both, for a noisy host.
     r = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "elastic", "-y",
-              "--workers", "1:2", "--scale-down-util", "0.3", "--scale-up-util", "0.6",
+              "--workers", "1:2", "--scale-down-util", "0.2", "--scale-up-util", "0.45",
               "--cooldown", "3s", SURVIVE, "--", "--steps", str(steps), "--every", "1000",
-              "--step-sleep", "0.25", "--slow-until", "30", "--busy-s", "0.1",
-              "--losses", str(losses), "--out", str(out), timeout=240)
+              "--step-sleep", "0.25", "--slow-until", "40", "--busy-s", "0.1",
+              "--losses", str(losses), "--out", str(out), timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = fleet.status("elastic")
     resized = [e["reason"] for e in s["events"] if e["kind"] == "resized"]
-    assert len(resized) == 2 and resized[0].startswith("2 -> 1") and resized[1].startswith("1 -> 2")
+    story = "\n".join(f"{e['kind']}: {e['reason']}" for e in s["events"])
+    assert len(resized) == 2 and resized[0].startswith("2 -> 1") and \
+        resized[1].startswith("1 -> 2"), story
     assert "utilization" in reason_of(s, "resizing")
     assert s["step"] == steps
     rows = read_losses(losses)
