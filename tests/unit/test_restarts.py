@@ -57,9 +57,9 @@ def test_signature_prefers_the_error_line_over_the_exit() -> None:
 # ---------------------------------------------------------------- backoff / consecutive
 
 
-def test_backoff_doubles_from_one_second_and_caps_at_thirty() -> None:
-    assert [backoff_s(n) for n in range(1, 8)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
-    assert backoff_s(0) == 1.0
+def test_backoff_is_immediate_first_then_doubles_from_one_second_and_caps_at_thirty() -> None:
+    assert [backoff_s(n) for n in range(1, 9)] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert backoff_s(0) == 0.0
     assert backoff_s(100) == BACKOFF_CAP_S == 30.0
 
 
@@ -122,7 +122,7 @@ def test_different_failures_from_the_same_checkpoint_restart() -> None:
     history = [fail(sig="rank 0: A"), fail(sig="rank 1: B"), fail(sig="rank 0: A")]
     d = decide(history, max_restarts=10)
     assert d.restart
-    assert d.delay_s == 4.0
+    assert d.delay_s == 2.0  # the third failure since that checkpoint: 0, 1, then 2 s
 
 
 def test_same_way_run_after_an_earlier_different_failure_stops() -> None:
@@ -138,16 +138,16 @@ def test_same_limit_is_configurable() -> None:
 def test_decide_backoff_grows_then_resets_after_a_new_checkpoint() -> None:
     history: list[Failure] = []
     delays = []
-    for i in range(7):
+    for i in range(8):
         history.append(fail(sig=f"rank 0: error {i}", checkpoint=50))
         d = decide(history, max_restarts=20)
         assert d.restart
         delays.append(d.delay_s)
-    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert delays == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     history.append(fail(sig="rank 0: error x", checkpoint=60))
-    assert decide(history, max_restarts=20).delay_s == 1.0
+    assert decide(history, max_restarts=20).delay_s == 0.0
     history.append(fail(sig="rank 0: error y", checkpoint=60))
-    assert decide(history, max_restarts=20).delay_s == 2.0
+    assert decide(history, max_restarts=20).delay_s == 1.0
 
 
 # ---------------------------------------------------------------- steps_lost

@@ -51,8 +51,11 @@ def signature(rank: int | None, exit_text: str, error: str | None) -> str:
 
 
 def backoff_s(consecutive: int, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S) -> float:
-    """1 s, 2 s, 4 s ... up to 30 s, counted over failures since the last new checkpoint."""
-    return float(min(cap_s, base_s * 2.0 ** max(0, consecutive - 1)))
+    """At once after a first failure (most are one-off: a killed worker, a lost node), then
+    1 s, 2 s, 4 s ... up to 30 s, counted over failures since the last new checkpoint."""
+    if consecutive <= 1:
+        return 0.0
+    return float(min(cap_s, base_s * 2.0 ** (consecutive - 2)))
 
 
 def consecutive(failures: list[Failure]) -> int:
