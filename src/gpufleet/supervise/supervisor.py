@@ -203,7 +203,8 @@ class Supervisor:
             lost = restarts.steps_lost(failure)
             since = (f"the checkpoint at step {failure.checkpoint_step}"
                      if failure.checkpoint_step else "the start (no checkpoint yet)")
-            note = (f"{decision.reason} in {decision.delay_s:.0f} s, from {since}"
+            when = "now" if decision.delay_s == 0 else f"in {decision.delay_s:.0f} s"
+            note = (f"{decision.reason} {when}, from {since}"
                     + (f"; {lost} step(s) are redone" if lost is not None else ""))
             jobs.transition(self.store, self.job.id, "restarting", f"{failure.description}; {note}")
             self._say(f"{failure.description}; {note}")
@@ -253,11 +254,9 @@ class Supervisor:
         self.reader.start()
         self.telemetry.start(self.handle, placement, env, sink)
         outcome = self._watch(self.handle, sock)
-        if outcome.kind in ("hang", "stop"):
-            self._end_workers(sink)
-        else:
-            self._end_workers(sink)
-            self._drain(sock)
+        self._end_workers(sink)
+        if outcome.kind == "exit":
+            self._drain(sock)  # the last reports, e.g. the exit for a resize
         if outcome.kind == "exit" and outcome.code not in (0, None):
             rank, rank_code = failed_rank(sink.tail(None), sink.tails)
             last = sink.tail(rank)[-8:] if rank is not None else sink.tail(None)[-8:]
