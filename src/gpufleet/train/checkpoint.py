@@ -24,10 +24,12 @@ from torch.distributed.checkpoint.state_dict import (
 from gpufleet.train.parallel import record_of
 
 
-def _inner_optimizer(optimizer: Any) -> Any:
+def inner_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer under gpufleet's wrappers; ValueError for zero1, whose
+    ZeroRedundancyOptimizer has no sharded state dict."""
     inner = getattr(optimizer, "_inner", optimizer)
     if type(inner).__name__ == "ZeroRedundancyOptimizer":
-        raise ValueError("checkpoints of zero1 jobs are not supported yet: ZeroRedundancyOptimizer "
+        raise ValueError("checkpoints of zero1 jobs are not supported: ZeroRedundancyOptimizer "
                          "has no sharded state dict; use zero2 (same memory for optimizer state)")
     return inner
 
@@ -74,7 +76,7 @@ def model_state(model: nn.Module, optimizer: Any = None) -> dict[str, Any]:
     """The model's (and optimizer's) state keyed by plain parameter names, as DCP saves it."""
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
-    model_sd, optim_sd = get_state_dict(model, _inner_optimizer(optimizer))
+    model_sd, optim_sd = get_state_dict(model, inner_optimizer(optimizer))
     return {"model": model_sd, "optimizer": optim_sd}
 
 
@@ -83,7 +85,7 @@ def apply_model_state(model: nn.Module, optimizer: Any, state: dict[str, Any]) -
     if optimizer is None:
         set_state_dict(model, (), model_state_dict=state["model"], optim_state_dict={})
         return
-    inner = _inner_optimizer(optimizer)
+    inner = inner_optimizer(optimizer)
     before = [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups]
     set_state_dict(model, inner, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])

@@ -43,7 +43,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from gpufleet.train import ckpt_files as files
-from gpufleet.train.checkpoint import apply_model_state, engine_of, model_state
+from gpufleet.train.checkpoint import apply_model_state, engine_of, inner_optimizer, model_state
 from gpufleet.train.parallel import record_of
 from gpufleet.train.report import send_event
 
@@ -121,10 +121,8 @@ class Checkpointer:
         if engine_of(model) is not None:
             raise ValueError("Checkpointer: a DeepSpeed engine keeps its own checkpoint format; "
                              "use train.save_checkpoint / train.load_checkpoint under deepspeed")
-        inner = getattr(optimizer, "_inner", optimizer)
-        if type(inner).__name__ == "ZeroRedundancyOptimizer":
-            raise ValueError("Checkpointer: zero1's ZeroRedundancyOptimizer has no sharded state "
-                             "dict; use --strategy zero2 (the same optimizer memory per rank)")
+        if optimizer is not None:
+            inner_optimizer(optimizer)  # refuses zero1 now, not at the first save
         if keep < 1:
             raise ValueError(f"keep: got {keep}; keep at least 1 checkpoint")
         if every_steps is not None and every_steps < 1:
@@ -145,6 +143,7 @@ class Checkpointer:
         self.rank, self.world, self.local_rank, self.local_world, self.node = _dist()
         self.writers = max(1, writers or self.local_world)
         self.control = os.environ.get(CONTROL_ENV) or None
+        self._control_last: tuple[tuple[int, int] | None, tuple[int, str]] = (None, (0, ""))
         self._control_seen = self._read_control()[0] if self.control else 0
         self._log = log or (lambda msg: print(f"gpufleet: {msg}", file=sys.stderr, flush=True))
         self.group: Any = None  # the main thread's: flags, barriers, resume verdicts
@@ -156,7 +155,7 @@ class Checkpointer:
             self.group = dist.new_group(backend="gloo")
             self.save_group = dist.new_group(backend="gloo")
         self._last_save_t = time.monotonic()
-        self._pending: tuple[Future[Any], int, Path, float, float] | None = None
+        self._pending: tuple[Future[Any], int, Path, float] | None = None
         self._uploads: queue.Queue[tuple[Path, int]] = queue.Queue()
         self._uploader: threading.Thread | None = None
         self._uploading: set[Path] = set()  # local folders queued or being copied
@@ -316,7 +315,7 @@ class Checkpointer:
             future = dcp.async_save(state, storage_writer=writer, process_group=self.save_group)
             assert isinstance(future, Future)
             blocked = time.perf_counter() - t0
-            self._pending = (future, step, partial, blocked, time.time())
+            self._pending = (future, step, partial, blocked)
         else:
             dcp.save(state, storage_writer=writer, process_group=self.save_group)
             blocked = time.perf_counter() - t0
@@ -345,7 +344,7 @@ class Checkpointer:
     def _finish_pending(self) -> None:
         if self._pending is None:
             return
-        future, step, partial, blocked, _ = self._pending
+        future, step, partial, blocked = self._pending
         self._pending = None
         future.result()  # a failed write raises here, in the training loop, where it is seen
         self._completed(step, partial, blocked)
@@ -400,15 +399,11 @@ class Checkpointer:
         if self.rank == 0:
             send_event("checkpoint_copied", step=step, path=f"{self.durable.rstrip('/')}/{name}")
 
-    def _node_files(self, source: Path) -> list[str]:
-        return sorted(p.name for p in source.iterdir() if p.is_file()
-                      and p.name != files.MANIFEST and not p.name.startswith(".turn-"))
-
     def _upload_folder(self, source: Path, root: Path, name: str) -> None:
         dest = root / (name + files.PARTIAL)
         nodes = max(1, self.world // self.local_world)
         files.wait_for(dest, files.wave_before(self.node, 1), _TURN_TIMEOUT_S)
-        files.copy_out(source, str(dest), self._node_files(source))
+        files.copy_out(source, str(dest), files.payload(source))
         files.done_turn(dest, self.node)
         if self.rank == 0:
             files.wait_for(dest, range(nodes), _TURN_TIMEOUT_S)  # every node copied
@@ -422,7 +417,7 @@ class Checkpointer:
     def _upload_url(self, source: Path, name: str) -> None:
         assert self.durable is not None
         url = f"{self.durable.rstrip('/')}/{name}"
-        files.copy_out(source, url, self._node_files(source))
+        files.copy_out(source, url, files.payload(source))
         if self.rank == 0:
             files.copy_out(source, url, [files.MANIFEST])
             files.remote_prune(self.durable, self.keep)
@@ -453,12 +448,22 @@ class Checkpointer:
 
     # -- talking to the supervisor and the other ranks ------------------------------------------
     def _read_control(self) -> tuple[int, str]:
+        """The supervisor's latest request. Called every step on rank 0, so the file is read
+        only when its stat changed (a new request is written by an atomic rename)."""
         assert self.control is not None
         try:
-            data = json.loads(Path(self.control).read_text())
-            return int(data.get("seq", 0)), str(data.get("action", ""))
-        except (OSError, ValueError, TypeError, AttributeError):
-            return 0, ""
+            st = os.stat(self.control)
+        except OSError:
+            return self._control_last[1]
+        stamp = (st.st_ino, st.st_mtime_ns)
+        if stamp != self._control_last[0]:
+            try:
+                data = json.loads(Path(self.control).read_text())
+                request = (int(data.get("seq", 0)), str(data.get("action", "")))
+            except (OSError, ValueError, TypeError, AttributeError):
+                request = (0, "")
+            self._control_last = (stamp, request)
+        return self._control_last[1]
 
     def _broadcast_flags(self, flags: list[int]) -> list[int]:
         if self.group is None:

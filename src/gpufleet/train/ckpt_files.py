@@ -62,10 +62,15 @@ def write_sums(folder: Path, rank: int, files: Iterable[str]) -> None:
     _write_json(folder / sums_name(rank), sums)
 
 
+def payload(folder: Path) -> list[str]:
+    """The checkpoint's own files: data, metadata and sums (not the manifest, not turn markers)."""
+    return sorted(p.name for p in folder.iterdir() if p.is_file()
+                  and p.name != MANIFEST and not p.name.startswith(".turn-"))
+
+
 def write_manifest(folder: Path, step: int, world_size: int, extra: dict[str, Any]) -> None:
     """Written last by rank 0, once every rank's data and sums are in the folder."""
-    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir())
-             if p.is_file() and p.name != MANIFEST and not p.name.startswith(".turn-")}
+    files = {name: (folder / name).stat().st_size for name in payload(folder)}
     _write_json(folder / MANIFEST, {"format": 1, "step": step, "world_size": world_size,
                                     "time": time.time(), "files": files, **extra})
 
