@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import os
 import sysconfig
@@ -52,6 +53,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--config", type=Path, default=None,
+                   help="a GPT-2 style config.json (n_layer, n_embd, n_head, n_positions) that sets "
+                   "--layers, --dim, --heads and --seq-len; `gpufleet plan --config` reads the same file")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: steps/20)")
@@ -68,7 +72,27 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--trace", type=Path, default=None,
                    help="rank 0 writes one JSON line per step (step, end time, samples) here at the end; "
                    "bench/launch_overhead.py reads it")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.config is not None:
+        apply_config(args)
+    return args
+
+
+def apply_config(args: argparse.Namespace) -> None:
+    """Take the shape from a Hugging Face GPT-2 style config.json, so the planner and this script
+    describe the same model from one file."""
+    cfg = json.loads(args.config.read_text())
+    # GPT-2 configs tie the head unless they say otherwise; this model's head is untied
+    if cfg.get("vocab_size", 256) != 256 or cfg.get("tie_word_embeddings") is not False:
+        raise SystemExit(f"gpt: {args.config}: this model reads bytes (vocab_size 256) and has an "
+                         "untied head (\"tie_word_embeddings\": false)")
+    missing = [k for k in ("n_layer", "n_embd", "n_head") if not isinstance(cfg.get(k), int)]
+    if missing:
+        raise SystemExit(f"gpt: {args.config}: needs integer {', '.join(missing)}")
+    args.layers, args.dim, args.heads = cfg["n_layer"], cfg["n_embd"], cfg["n_head"]
+    args.seq_len = cfg.get("n_positions", args.seq_len)
+    if cfg.get("n_inner") not in (None, 4 * args.dim):
+        raise SystemExit(f"gpt: {args.config}: n_inner must be 4 x n_embd ({4 * args.dim})")
 
 
 def load_corpus(max_bytes: int) -> torch.Tensor:

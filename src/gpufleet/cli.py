@@ -125,6 +125,76 @@ def show_gpus(
     _prices(gpu, as_json)
 
 
+# -- plan ----------------------------------------------------------------------------------------
+@app.command()
+def plan(
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="A catalog model (--list-models).")] = None,
+    params: Annotated[float | None, typer.Option("--params", help="A bare size, e.g. 7e9.")] = None,
+    config: Annotated[str | None, typer.Option("--config", help="A Hugging Face config.json.")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU type of the cluster.")] = None,
+    count: Annotated[int | None, typer.Option("--count", help="GPUs [default: 1].")] = None,
+    network: Annotated[str | None, typer.Option(
+        "--network", help="pcie, nvlink, nvswitch, infiniband or ethernet [default: the GPU's "
+        "node fabric; infiniband above 8 GPUs].")] = None,
+    strategy: Annotated[str | None, typer.Option(
+        "--strategy", help="ddp, fsdp, zero1, zero2, zero3, tp or pp [default: ddp].")] = None,
+    dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel degree.")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="Pipeline stages.")] = None,
+    pp_schedule: Annotated[str | None, typer.Option("--pp-schedule", help="gpipe or 1f1b.")] = None,
+    microbatches: Annotated[int | None, typer.Option(
+        "--microbatches", help="Pipeline micro-batches per step [default: --pp].")] = None,
+    precision: Annotated[str | None, typer.Option(
+        "--precision", help="fp32, bf16-mixed or fp16-mixed [default: bf16-mixed].")] = None,
+    framework: Annotated[str | None, typer.Option(
+        "--framework", help="torchrun, accelerate, deepspeed, ray or horovod [default: torchrun].")] = None,
+    micro_batch: Annotated[int | None, typer.Option(
+        "--micro-batch", help="Samples per GPU per micro-batch [default: 1].")] = None,
+    seq: Annotated[int | None, typer.Option(
+        "--seq", help="Tokens per sample [default: 2048, or the model's limit].")] = None,
+    grad_accum: Annotated[int | None, typer.Option(
+        "--grad-accum", help="Micro-batches per optimizer step [default: 1].")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", help="Samples to train on.")] = None,
+    lora: Annotated[bool, typer.Option("--lora", help="LoRA fine-tuning (frozen base).")] = False,
+    lora_rank: Annotated[int | None, typer.Option("--lora-rank", help="LoRA rank [default: 16].")] = None,
+    checkpointing: Annotated[bool, typer.Option(
+        "--checkpointing", help="Full activation checkpointing (recompute each layer).")] = False,
+    attention: Annotated[str | None, typer.Option(
+        "--attention", help="flash (fused, the default) or eager.")] = None,
+    sequence_parallel: Annotated[bool, typer.Option(
+        "--sequence-parallel", help="Megatron sequence parallelism with tp.")] = False,
+    calibration: Annotated[str | None, typer.Option(
+        "--calibration", help="A file from `gpufleet bench`, used instead of catalog rates.")] = None,
+    deadline: Annotated[str | None, typer.Option(
+        "--deadline", help="Rank every cluster finishing within this (e.g. 24h), cheapest first.")] = None,
+    budget: Annotated[float | None, typer.Option(
+        "--budget", help="Rank every cluster that costs at most this many dollars.")] = None,
+    top: Annotated[int | None, typer.Option("--top", help="Rows of a ranking [default: 10].")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Also draw a PNG here.")] = None,
+    list_models: Annotated[bool, typer.Option("--list-models", help="List catalog models.")] = False,
+    as_json: Json = False,
+) -> None:
+    """Memory, speed and cost of training a model before you rent GPUs; or rank every cluster
+    against a --deadline or --budget."""
+    from gpufleet.plan import command
+    from gpufleet.spec import PlanSpec
+
+    if list_models:
+        command.list_models(as_json, out)
+        return
+    spec = PlanSpec.parse({
+        "model": model, "params": params, "config": config, "gpu": gpu, "count": count,
+        "network": network, "strategy": strategy, "dp": dp, "tp": tp, "pp": pp,
+        "pp_schedule": pp_schedule, "microbatches": microbatches, "precision": precision,
+        "framework": framework, "micro_batch": micro_batch, "seq": seq, "grad_accum": grad_accum,
+        "samples": samples, "lora": lora, "lora_rank": lora_rank, "checkpointing": checkpointing,
+        "attention": attention, "sequence_parallel": sequence_parallel, "calibration": calibration,
+        "deadline": deadline, "budget": budget, "top": top,
+    })
+    command.run(spec, as_json, plot, out)
+
+
 # -- clusters ------------------------------------------------------------------------------------
 def _launch(store: Store, spec: ClusterSpec, yes: bool, cpu_slots: int | None,
             for_job: str | None = None, quiet: bool = False) -> Cluster:
@@ -735,6 +805,74 @@ def doctor(
     from gpufleet.doctor.command import doctor as run_doctor
 
     raise typer.Exit(run_doctor(cluster, as_json, out))
+
+
+bench_app = typer.Typer(
+    help="Measure a cluster (collective bandwidth, a script's scaling) and save a calibration "
+    "file for `plan --calibration`.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("allreduce")
+def bench_allreduce(
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="Cluster to measure (idle).")],
+    sizes: Annotated[str | None, typer.Option(
+        "--sizes", help="Bytes: 1K,1M,64M or MIN:MAX in steps of 4 [default: 1K:64M on CPU, "
+        "1K:1G on GPUs].")] = None,
+    iters: Annotated[int, typer.Option("--iters", help="Timed calls per size.", min=1, max=10000)] = 20,
+    out_file: Annotated[Path | None, typer.Option(
+        "--out", help="Calibration file [default: calibration-CLUSTER.json].")] = None,
+    as_json: Json = False,
+) -> None:
+    """All-reduce, all-gather, reduce-scatter and broadcast over a size sweep, nccl-tests style
+    (time, algbw, busbw) against the interconnect's catalog peak."""
+    from gpufleet.measure import collectives, command
+
+    try:
+        parsed = collectives.parse_sizes(sizes) if sizes else None
+    except ValueError as exc:
+        raise SpecError([("sizes", f"{exc}; use e.g. 1K,1M,64M or 1K:64M")]) from None
+    command.allreduce(cluster, parsed, iters, out_file, as_json, out)
+
+
+@bench_app.command("scaling", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def bench_scaling(
+    ctx: typer.Context,
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="Cluster to run on (idle).")],
+    script: Annotated[str, typer.Option("--script", help="Training script; its arguments after --.")],
+    workers: Annotated[str, typer.Option("--workers", help="World sizes, e.g. 1,2,4.")] = "1,2",
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Catalog model the script trains, to turn samples/s into FLOP/s.")] = None,
+    params: Annotated[float | None, typer.Option("--params", help="Or its parameter count.")] = None,
+    config: Annotated[str | None, typer.Option("--config", help="Or its config.json.")] = None,
+    seq: Annotated[int | None, typer.Option(
+        "--seq", help="Tokens per sample [default: the model's].")] = None,
+    strategy: Annotated[str, typer.Option("--strategy", help="Passed to `gpufleet run`.")] = "ddp",
+    precision: Annotated[str, typer.Option("--precision", help="Passed to `gpufleet run`.")] = "fp32",
+    out_file: Annotated[Path | None, typer.Option(
+        "--out", help="Calibration file [default: calibration-CLUSTER.json].")] = None,
+    cpu_slots: CpuSlots = None,
+    as_json: Json = False,
+) -> None:
+    """Run a script at each world size through `gpufleet run`; print samples/s, scaling
+    efficiency and cost per 1,000 samples, like the seed's benchmark tables."""
+    from gpufleet.measure import command
+    from gpufleet.plan.command import load_model
+    from gpufleet.spec import PlanSpec
+
+    try:
+        sizes = sorted({int(w) for w in workers.split(",") if w.strip()})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] < 1:
+        raise SpecError([("workers", f"'{workers}' is not a list of world sizes; use e.g. 1,2,4")])
+    # The same validation as `plan` (model source, strategy and precision names).
+    spec = PlanSpec.parse({"model": model, "params": params, "config": config, "gpu": "cpu",
+                           "seq": seq, "strategy": strategy, "precision": precision},
+                          model_optional=True)
+    the_model = load_model(spec) if (model or params or config) else None
+    command.scaling(cluster, script, sizes, list(ctx.args), the_model, seq, out_file, as_json,
+                    strategy, precision, cpu_slots, out)
 
 
 def _stop_job(store: Store, j: Job, timeout_s: float = 30.0) -> None:

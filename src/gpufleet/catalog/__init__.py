@@ -28,6 +28,8 @@ class GpuType:
     mem_bw_gbps: float  # GB/s
     bf16: bool
     nvml_match: tuple[str, ...]  # substrings of NVML's device name that identify this type
+    nvlink_gbps: float  # NVLink GB/s per direction per GPU (0: none); caps nvlink/nvswitch links
+    node_fabric: str  # the fabric inside a typical 8-GPU server of this type
     source: str
 
     @property
@@ -84,6 +86,8 @@ def gpu_types() -> dict[str, GpuType]:
             mem_bw_gbps=float(r["mem_bw_gbps"]),
             bf16=r["bf16"].strip().lower() == "true",
             nvml_match=_split(r["nvml_match"]),
+            nvlink_gbps=float(r["nvlink_gbps"]),
+            node_fabric=r["node_fabric"],
             source=r["source"],
         )
     return out
@@ -161,3 +165,58 @@ def price_of(book: str, item: str) -> Price | None:
         if p.book == book and p.item == item:
             return p
     return None
+
+
+@dataclass(frozen=True)
+class ModelType:
+    """A model's shape, enough to count its parameters and size its activations.
+
+    `arch` picks the parameter-count formula: "gpt2" (biases, LayerNorm, learned positions,
+    two-matrix MLP) or "llama" (no biases, RMSNorm, rotary positions, SwiGLU's three matrices,
+    grouped-query attention).
+    """
+
+    name: str
+    aliases: tuple[str, ...]
+    arch: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    seq: int  # longest sequence the model takes (learned position embeddings count it)
+    tied: bool  # output head shares the embedding matrix
+    stated_params: float  # the count its source publishes, to check the formula against
+    source: str
+
+
+@cache
+def models() -> dict[str, ModelType]:
+    return {
+        r["name"]: ModelType(
+            name=r["name"], aliases=_split(r["aliases"]), arch=r["arch"],
+            layers=int(r["layers"]), hidden=int(r["hidden"]), heads=int(r["heads"]),
+            kv_heads=int(r["kv_heads"]), ffn=int(r["ffn"]), vocab=int(r["vocab"]),
+            seq=int(r["seq"]), tied=r["tied"].strip().lower() == "true",
+            stated_params=float(r["stated_params"]), source=r["source"],
+        )
+        for r in _rows("models.csv")
+    }
+
+
+def resolve_model(name: str, field: str = "model") -> ModelType:
+    """The catalog model for a user-typed name, or a SpecError listing the known ones."""
+    index = {_key(label): m.name for m in models().values() for label in (m.name, *m.aliases)}
+    found = index.get(_key(name))
+    if found is not None:
+        return models()[found]
+    close = difflib.get_close_matches(_key(name), list(index), n=1, cutoff=0.6)
+    hint = f"did you mean '{index[close[0]]}'? " if close else ""
+    raise SpecError([(field, f"unknown model '{name}'; {hint}known: {', '.join(models())}")])
+
+
+@cache
+def planner_defaults() -> dict[str, float]:
+    """The planner's assumptions (efficiencies, reserves) by name; see planner.csv's sources."""
+    return {r["name"]: float(r["value"]) for r in _rows("planner.csv")}

@@ -1,0 +1,84 @@
+"""`gpufleet bench allreduce` and `bench scaling` on a real 2-slot CPU cluster, and the planner
+calibrated by them predicting what a different run measures.
+
+The calibration comes from the example GPT at micro-batch 16; the prediction is for micro-batch
+32, measured by separate runs, so the check exercises the planner's model (compute from
+6 x params x tokens at the calibrated rate, CPU threads per worker, the gradient all-reduce at the
+measured bus bandwidth) rather than reading back what was stored. The issue asks for 25%.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet_helpers import EXAMPLES, Fleet, error_lines
+
+pytestmark = pytest.mark.integration
+
+GPT = str(EXAMPLES / "gpt.py")
+CONFIG = str(EXAMPLES / "gpt-config.json")
+
+
+def scaling(fleet: Fleet, out: Path, batch: int, steps: int) -> dict[str, Any]:
+    r = fleet.ok("bench", "scaling", "--cluster", "cal", "--script", GPT, "--workers", "1,2",
+                 "--config", CONFIG, "--out", str(out), "--json", "--",
+                 "--config", CONFIG, "--steps", str(steps), "--batch-size", str(batch),
+                 "--checkpoint-every", "0", "--log-every", "10", timeout=300)
+    return json.loads(r.stdout)
+
+
+def test_calibrated_plan_predicts_another_batch_size(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.ok("launch", "--gpu", "cpu", "--count", "2", "--name", "cal", "-y")
+    cal = tmp_path / "cal.json"
+
+    sweep = fleet.json("bench", "allreduce", "--cluster", "cal", "--sizes", "4K:4M", "--iters", "5",
+                       "--out", str(cal), "--json")
+    ops = {row["op"] for row in sweep["rows"]}
+    assert ops == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    assert len(sweep["rows"]) == 4 * 6  # 4K, 16K, 64K, 256K, 1M, 4M: powers of 4
+    for row in sweep["rows"]:
+        assert row["time_us"] > 0
+        # nccl-tests' factors for 2 ranks: all-reduce 2(n-1)/n = 1, gather/scatter (n-1)/n = 1/2
+        factor = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "broadcast": 1.0}[row["op"]]
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * factor)
+        assert row["algbw_gbps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9)
+
+    calibrated = scaling(fleet, cal, batch=16, steps=80)
+    assert [row["workers"] for row in calibrated["rows"]] == [1, 2]
+    assert calibrated["achieved_tflops"] > 0
+    saved = json.loads(cal.read_text())
+    assert saved["collectives"] and saved["scaling"], "the two benches share one file"
+    assert saved["threads_per_worker"] == 2 // 1  # one worker alone gets both cores
+
+    measured = scaling(fleet, tmp_path / "measured.json", batch=32, steps=60)
+    for row in measured["rows"]:
+        n = row["workers"]
+        plan = fleet.json("plan", "--config", CONFIG, "--gpu", "cpu", "--count", str(n),
+                          "--micro-batch", "32", "--precision", "fp32", "--calibration", str(cal),
+                          "--json")
+        assert "compute" in plan["rates"]["calibrated"]
+        assert plan["samples_per_s"] == pytest.approx(row["samples_per_s"], rel=0.25), (n, plan, row)
+
+
+def test_bench_refuses_bad_requests_in_one_line(fleet: Fleet) -> None:
+    fleet.ok("launch", "--gpu", "cpu", "--count", "1", "--name", "one", "-y")
+    cases = [
+        (("bench", "allreduce", "--cluster", "nope"), "nope"),
+        (("bench", "allreduce", "--cluster", "one"), "cluster: 'one' has 1 device"),
+        (("bench", "allreduce", "--cluster", "one", "--sizes", "lots"), "sizes:"),
+        (("bench", "scaling", "--cluster", "one", "--script", GPT, "--workers", "1,2"),
+         "workers: 2 exceed the 1 devices"),
+        (("bench", "scaling", "--cluster", "one", "--script", GPT, "--workers", "x"), "workers:"),
+        (("bench", "scaling", "--cluster", "one", "--script", GPT, "--workers", "2", "--config", CONFIG),
+         "workers: include 1"),
+        (("bench", "allreduce", "--cluster", "one", "--out", "/"), "out: / is a folder"),
+        (("bench", "scaling", "--cluster", "one", "--script", "missing.py", "--workers", "1"),
+         "script: missing.py: no such file"),
+    ]
+    for args, text in cases:
+        r = fleet(*args)
+        lines = error_lines(r.stderr)
+        assert r.returncode == 2 and len(lines) == 1 and text in lines[0], (args, r.stdout, r.stderr)
