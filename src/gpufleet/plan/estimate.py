@@ -281,7 +281,8 @@ def estimate(workload: Workload, gpu: GpuType, count: int, network: str, layout:
     acts = memory.activations(model.layers, per_layer, logits, pp=pp, microbatches=microbatches,
                               schedule=layout.schedule, working_layer=working)
     reserve = 0.0 if gpu.is_cpu else d["runtime_reserve_gib"] * 2**30
-    one_layer = layer_params(model.arch, model.hidden, model.heads, model.kv_heads, model.ffn)
+    one_layer = layer_params(model.arch, model.hidden, model.heads, model.kv_heads, model.ffn,
+                             model.head_dim)
     bufs = memory.buffers(data_parallel=layout.data_parallel, framework=layout.framework,
                           grads_bytes=state.gradients, layer_params=one_layer, tp=tp,
                           compute_bytes=act_bytes, reserve_bytes=reserve)
