@@ -10,6 +10,7 @@ import pytest
 
 from gpufleet import catalog
 from gpufleet.catalog import GpuType
+from gpufleet.parallelism import resolve
 from gpufleet.plan import recommend
 from gpufleet.plan.estimate import Workload
 from gpufleet.plan.models import Model, from_catalog
@@ -114,18 +115,18 @@ def test_why_not_one_line_per_gpu(both: recommend.Ranking) -> None:
 
 def test_why_not_words() -> None:
     rows = [
-        recommend.Rejected("H100-SXM", 1, "pcie", "ddp, dp=1", "memory", "needs 90.0 GiB", 90.0),
-        recommend.Rejected("H100-SXM", 2, "pcie", "ddp, dp=2", "memory", "needs 85.0 GiB", 85.0),
-        recommend.Rejected("H100-SXM", 8, "nvswitch", "fsdp, dp=8", "deadline", "takes 30.0 h", 30.0),
-        recommend.Rejected("A100-80GB", 8, "nvswitch", "fsdp, dp=8", "budget", "costs $3,000", 3000.0),
-        recommend.Rejected("H200", 8, "nvswitch", "fsdp, dp=8", "price", "no price book offers H200", 0.0),
+        recommend.Rejected("H100-SXM", 1, "pcie", "ddp", "memory", "needs 90.0 GiB", 90.0),
+        recommend.Rejected("H100-SXM", 2, "pcie", "ddp dp2", "memory", "needs 85.0 GiB", 85.0),
+        recommend.Rejected("H100-SXM", 8, "nvswitch", "fsdp dp8", "deadline", "takes 30.0 h", 30.0),
+        recommend.Rejected("A100-80GB", 8, "nvswitch", "fsdp dp8", "budget", "costs $3,000", 3000.0),
+        recommend.Rejected("H200", 8, "nvswitch", "fsdp dp8", "price", "no price book offers H200", 0.0),
     ]
     lines = recommend.why_not(rows)
     assert len(lines) == 3
     # the closest memory miss is the smaller need: 2 x H100-SXM
-    assert lines[0] == ("H100-SXM: 2 do not fit in memory (closest: 2 x H100-SXM ddp, needs 85.0 GiB); "
-                        "1 miss the deadline (closest: 8 x H100-SXM fsdp, takes 30.0 h)")
-    assert lines[1] == "A100-80GB: 1 are over budget (closest: 8 x A100-80GB fsdp, costs $3,000)"
+    assert lines[0] == ("H100-SXM: 2 do not fit in memory (closest: 2 x H100-SXM ddp dp2, needs 85.0 GiB); "
+                        "1 miss the deadline (closest: 8 x H100-SXM fsdp dp8, takes 30.0 h)")
+    assert lines[1] == "A100-80GB: 1 are over budget (closest: 8 x A100-80GB fsdp dp8, costs $3,000)"
     assert lines[2] == "H200: no price book offers H200"
     assert recommend.why_not([]) == []
 
@@ -243,3 +244,17 @@ def test_every_empty_search_says_why() -> None:
         r = recommend.rank(WORK8, budget_usd=1e6, **kwargs)  # type: ignore[arg-type]
         assert r.ranked == [] and {x.kind for x in r.rejected} == {kind}, kwargs
         assert recommend.why_not(r.rejected)
+
+
+def test_short_layout_names_the_method_and_the_mesh() -> None:
+    assert recommend.short_layout(resolve("fsdp", 8)) == "fsdp dp8"
+    assert recommend.short_layout(resolve("fsdp", 16, tp=8)) == "fsdp dp2 tp8"
+    assert recommend.short_layout(resolve("ddp", 1)) == "ddp"
+    assert recommend.short_layout(resolve("fsdp", 16, tp=8, pp=2)) == "tp8 pp2"  # dp=1: no method
+
+
+def test_one_gpu_plans_one_layout() -> None:
+    # with one data-parallel rank DDP, ZeRO and FSDP are the same plan: planned once
+    r = recommend.rank(WORK8, budget_usd=1e9, gpus=[_gpu("H100-SXM")], counts=[1])
+    assert r.considered == 1
+    assert [x.layout for x in r.rejected] + [recommend.short_layout(p.layout) for p in r.ranked] == ["ddp"]

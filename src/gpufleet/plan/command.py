@@ -119,13 +119,6 @@ def _hours(h: float) -> str:
     return f"{h * 60:.0f} min" if h < 1 else f"{h:.1f} h" if h < 48 else f"{h / 24:.1f} days"
 
 
-def short_layout(layout: Layout) -> str:
-    dims = [f"{k}{v}" for k, v in (("dp", layout.dp), ("tp", layout.tp), ("pp", layout.pp)) if v > 1]
-    name = layout.data_parallel if layout.strategy in ("tp", "pp") or layout.tp > 1 or layout.pp > 1 \
-        else layout.strategy
-    return f"{name} {' '.join(dims)}".strip() if dims else name
-
-
 def render_plan(plan: Plan, console: Console) -> None:
     d = plan.to_dict()
     w = plan.workload
@@ -211,7 +204,8 @@ def render_ranking(r: recommend.Ranking, top: int, console: Console) -> None:
         t.add_column(col, justify="left" if col in ("GPUs", "network", "layout") else "right")
     for i, p in enumerate(r.ranked[:top], 1):
         costs = p.cost_usd
-        t.add_row(str(i), f"{p.count} x {p.gpu}", p.network, short_layout(p.layout), f"{gib(p.total):.1f}",
+        t.add_row(str(i), f"{p.count} x {p.gpu}", p.network, recommend.short_layout(p.layout),
+                  f"{gib(p.total):.1f}",
                   f"{p.samples_per_s:,.3g}", f"{p.mfu:.0%}" if p.mfu is not None else "-",
                   _hours(p.wall_time_h) if p.wall_time_h is not None else "-",
                   *(_usd(costs[b]) if b in costs else "-" for b in books))

@@ -41,6 +41,12 @@ class Ranking:
     by: str  # "cost" or "time"
 
 
+def short_layout(layout: Layout) -> str:
+    """'fsdp dp4 tp8 pp2': the data-parallel method and the mesh dimensions above 1."""
+    dims = [f"{k}{v}" for k, v in (("dp", layout.dp), ("tp", layout.tp), ("pp", layout.pp)) if v > 1]
+    return " ".join([layout.data_parallel if layout.dp > 1 or not dims else "", *dims]).strip()
+
+
 def networks_for(gpu: GpuType, count: int) -> list[str]:
     """Fabrics worth comparing: inside one node PCIe and the type's own fabric; across nodes
     every network fabric."""
@@ -69,7 +75,8 @@ def layouts_for(count: int, workload: Workload, strategies: Sequence[str] | None
                              microbatches=microbatches, **dims)  # type: ignore[arg-type]
         except LayoutError:
             return None
-        key = (layout.data_parallel, layout.dp, layout.tp, layout.pp)
+        # with one data-parallel rank the method changes nothing: keep the first (DDP)
+        key = (layout.data_parallel if layout.dp > 1 else "", layout.dp, layout.tp, layout.pp)
         if key in tried or model_problems(layout, model.layers, model.heads):
             return None
         tried.add(key)
@@ -139,7 +146,7 @@ def rank(workload: Workload, *, deadline_h: float | None = None, budget_usd: flo
             continue
         considered += 1
         plan = estimate(workload, gpu, count, network, item, calibration)
-        label = item.describe
+        label = short_layout(item)
 
         def reject(kind: str, reason: str, need: float, g: str = gpu.name, c: int = count,
                    n: str = network, lab: str = label) -> None:
@@ -191,7 +198,7 @@ def why_not(rejected: list[Rejected]) -> list[str]:
                 parts.append("; ".join(dict.fromkeys(r.reason for r in hits)))
             else:
                 parts.append(f"{len(hits)} {_KIND_WORDS[kind]} (closest: {best.count} x {gpu} "
-                             f"{best.layout.split(',')[0]}, {best.reason})")
+                             f"{best.layout}, {best.reason})")
         lines.append(f"{gpu}: " + "; ".join(parts))
     return lines
 
