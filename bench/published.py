@@ -11,7 +11,6 @@ figure and its source are the only typed-in values. Inputs a source does not sta
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gpufleet import catalog
 from gpufleet.parallelism import resolve
@@ -164,11 +163,5 @@ def table(rs: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main() -> dict[str, Any]:
-    rs = rows()
-    print(table(rs))
-    return {"rows": len(rs)}
-
-
 if __name__ == "__main__":
-    main()
+    print(table(rows()))

@@ -166,6 +166,24 @@ class LocalBackend:
         process-group signal would miss them; we walk the descendants instead."""
         send_signal(_tree(handle.pid), sig)
 
+    def run_to_end(self, argv: list[str], env: dict[str, str], cwd: Path,
+                   timeout_s: float) -> tuple[str, int | None]:
+        """Run `argv` to its end and return (output, exit code); None as the code when it ran past
+        `timeout_s`. On a timeout or an interrupt (Ctrl-C) the whole tree is killed first, so a
+        one-off measurement never leaves workers behind."""
+        handle = self.start(argv, env, cwd)
+        timed_out = False
+        try:
+            out, _ = handle.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self.kill_tree(handle, grace_s=5.0)
+            out, _ = handle.proc.communicate()
+        except BaseException:
+            self.kill_tree(handle, grace_s=5.0)
+            raise
+        return (out or b"").decode(errors="replace"), None if timed_out else handle.proc.returncode
+
     def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None:
         """SIGTERM the tree, then SIGKILL whatever is still alive after `grace_s` seconds."""
         procs = _tree(handle.pid)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,24 +44,10 @@ def run(workers: int, env: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> A
 
     backend_name = env.get("GPUFLEET_BACKEND", "gloo")
     full_env = {**env, "PYTHONUNBUFFERED": "1"}
-    local = LocalBackend(cpu_slots=1)
     with tempfile.TemporaryDirectory(prefix="gpufleet-doctor-") as cwd:
-        handle = local.start(argv(workers), full_env, Path(cwd))
-        timed_out = False
-        try:
-            out, _ = handle.proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            local.kill_tree(handle, grace_s=5.0)
-            out, _ = handle.proc.communicate()
-        except BaseException:  # Ctrl-C: leave nothing behind
-            local.kill_tree(handle, grace_s=5.0)
-            raise
-    text = (out or b"").decode(errors="replace")
-    return AllReduceRun(workers=workers, backend=backend_name,
-                        returncode=None if timed_out else handle.proc.returncode,
-                        timed_out=timed_out, timeout_s=timeout_s,
-                        output=tuple(text.splitlines()))
+        text, code = LocalBackend(cpu_slots=1).run_to_end(argv(workers), full_env, Path(cwd), timeout_s)
+    return AllReduceRun(workers=workers, backend=backend_name, returncode=code,
+                        timed_out=code is None, timeout_s=timeout_s, output=tuple(text.splitlines()))
 
 
 def _worker() -> None:

@@ -31,6 +31,7 @@ from gpufleet.doctor.model import (
     Status,
     Topology,
 )
+from gpufleet.plan.comm import algbw_to_busbw
 from gpufleet.pool.model import Device
 
 
@@ -376,9 +377,9 @@ def disk(f: NodeFacts) -> Check:
 
 
 def bus_bandwidth(algbw: float, workers: int) -> float:
-    """nccl-tests' all-reduce bus bandwidth: algbw x 2(n-1)/n, comparable with link speeds
-    (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md)."""
-    return algbw * 2 * (workers - 1) / workers if workers else 0.0
+    """nccl-tests' all-reduce bus bandwidth, comparable with link speeds (the planner's
+    `comm.algbw_to_busbw`, which `gpufleet bench` uses too)."""
+    return algbw_to_busbw("all_reduce", algbw, workers)
 
 
 def parse_results(output: tuple[str, ...]) -> dict[int, dict[str, Any]]:

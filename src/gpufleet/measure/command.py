@@ -114,25 +114,18 @@ def allreduce(name: str, sizes: tuple[int, ...] | None, iters: int, out: Path | 
     if not as_json:
         console.print(f"Measuring 4 collectives x {len(sizes)} sizes on {workers} x {c.gpu} "
                       f"({env['GPUFLEET_BACKEND']}) ...")
-    local = LocalBackend(cpu_slots=1)
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-") as cwd:
-        handle = local.start(argv, env, Path(cwd))
-        try:
-            text, _ = handle.proc.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            local.kill_tree(handle, grace_s=5.0)
-            raise GpufleetError(f"bench: the collectives did not finish in {TIMEOUT_S:g} s; "
-                                "try fewer --sizes or --iters") from None
-        except BaseException:
-            local.kill_tree(handle, grace_s=5.0)
-            raise
-    lines = (text or b"").decode(errors="replace").splitlines()
+        text, code = LocalBackend(cpu_slots=1).run_to_end(argv, env, Path(cwd), TIMEOUT_S)
+    if code is None:
+        raise GpufleetError(f"bench: the collectives did not finish in {TIMEOUT_S:g} s; "
+                            "try fewer --sizes or --iters")
+    lines = text.splitlines()
     rows, failures = parse_rows(lines, workers)
-    if handle.proc.returncode != 0 or failures or not rows:
+    if code != 0 or failures or not rows:
         from gpufleet.doctor.checks import failure_lines
 
         why = "; ".join(failures) if failures else failure_lines(tuple(lines))
-        raise GpufleetError(f"bench: the collectives failed (exit {handle.proc.returncode}): {why}")
+        raise GpufleetError(f"bench: the collectives failed (exit {code}): {why}")
     fabric = catalog.interconnects()[c.network]
     peak = fabric.bw_gbps_per_direction
     gpu = catalog.gpu_types().get(c.gpu)

@@ -14,8 +14,6 @@ from typing import Any
 from gpufleet.catalog import ModelType
 from gpufleet.errors import SpecError
 
-ARCHS = ("gpt2", "llama")
-
 
 @dataclass(frozen=True)
 class Model:
