@@ -45,11 +45,20 @@ CpuSlots = Annotated[int | None, typer.Option(
     "--cpu-slots", help="CPU worker slots this host offers [default: $GPUFLEET_CPU_SLOTS or cores]")]
 
 
-def _backend(cpu_slots: int | None = None) -> Any:
-    from gpufleet.backends.local import LocalBackend
-    from gpufleet.store import gpufleet_home
+def _cluster_backend(store: Store, cluster: Cluster, cpu_slots: int | None = None) -> Any:
+    """The backend of the pool the cluster was carved from."""
+    from gpufleet import pools
 
-    return LocalBackend(cpu_slots, state_dir=gpufleet_home())
+    return pools.backend_for(pools.pool_of(store, cluster), cpu_slots)
+
+
+def _with_pool(store: Store, data: dict[str, Any]) -> dict[str, Any]:
+    """A cluster spec's `pool` and `backend` resolved against the store: the named pool, the
+    only pool of the named kind, or the default pool."""
+    from gpufleet import pools
+
+    row = pools.resolve(store, data.get("pool"), data.get("backend"))
+    return {**data, "pool": row.name if row else None, "backend": row.kind if row else "local"}
 
 
 def _store() -> Store:
@@ -198,15 +207,21 @@ def plan(
 # -- clusters ------------------------------------------------------------------------------------
 def _launch(store: Store, spec: ClusterSpec, yes: bool, cpu_slots: int | None,
             for_job: str | None = None, quiet: bool = False) -> Cluster:
-    from gpufleet import ui
+    from gpufleet import pools, ui
 
-    nodes = _backend(cpu_slots).discover()
-    clusters.check(store, spec, nodes)  # refuse before quoting what cannot be had
-    q = clusters.quote_for(spec)
+    pool = pools.resolve(store, spec.pool, spec.backend)
+    nodes = pools.backend_for(pool, cpu_slots).discover()
+    # refuse before quoting what cannot be had
+    alloc = clusters.check(store, spec, nodes, pool.name if pool else None)
+    network = clusters.network_of(spec, alloc, nodes)
+    q = clusters.quote_for(spec, network, clusters.is_simulated(alloc))
     if not quiet:
-        err.print(ui.quote_table(spec.gpu, spec.count, spec.fabric, q.rates, q.book))
+        err.print(ui.quote_table(spec.gpu, spec.count, network, q.rates, q.book))
+        if q.simulated:
+            err.print(f"Simulated devices (pool {pool.name if pool else 'local'}): not billed; "
+                      "the quote is what real ones would cost.")
     _confirm(f"Launch {spec.count} x {spec.gpu} at {ui.usd(q.usd_per_hour)}/hour?", yes)
-    return clusters.launch(store, spec, nodes, for_job=for_job)
+    return clusters.launch(store, spec, nodes, for_job=for_job, pool=pool.name if pool else None)
 
 
 @app.command()
@@ -221,7 +236,10 @@ def launch(
     name: Annotated[str | None, typer.Option("--name", help="Cluster name (DNS-like).")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", help="Nodes to spread over.")] = None,
     backend: Annotated[str | None, typer.Option(
-        "--backend", help="Where nodes come from [default: local].")] = None,
+        "--backend", help="local, ray or sim: the only pool of that kind.")] = None,
+    pool: Annotated[str | None, typer.Option(
+        "--pool", help="Pool to carve from [default: the default pool, see gpufleet pool list]."
+    )] = None,
     price_book: Annotated[str | None, typer.Option(
         "--price-book", help="Bill under this book [default: cheapest offering the GPU].")] = None,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Cluster YAML.")] = None,
@@ -232,26 +250,45 @@ def launch(
     """Carve a homogeneous cluster out of the pool: shows a quote, then reserves devices."""
     data: dict[str, Any] = load_yaml(file) if file else {}
     flags = {"gpu": gpu, "count": count, "network": network, "disk": disk, "name": name,
-             "nodes": nodes, "backend": backend, "price_book": price_book}
-    spec = ClusterSpec.parse({**data, **{k: v for k, v in flags.items() if v is not None}})
+             "nodes": nodes, "backend": backend, "pool": pool, "price_book": price_book}
     store = _store()
+    merged = {**data, **{k: v for k, v in flags.items() if v is not None}}
+    spec = ClusterSpec.parse(_with_pool(store, merged))
     cluster = _launch(store, spec, yes, cpu_slots, quiet=as_json)
     if as_json:
-        _print_json(_cluster_dict(store, cluster, time.time(), _backend(cpu_slots).discover()))
+        _print_json(_cluster_dict(store, cluster, time.time(),
+                                  _cluster_backend(store, cluster, cpu_slots).discover()))
         return
-    ids = clusters.device_ids(store, cluster)
-    out.print(f"Cluster [bold]{cluster.name}[/]: {cluster.count} x {cluster.gpu} "
-              f"({', '.join(ids)}) over {cluster.network}. "
+    where = "; ".join(f"{p.node_id}: {','.join(d.id for d in p.devices)}"
+                      for p in clusters.placements(store, cluster))
+    sim = " (simulated, not billed)" if cluster.simulated else ""
+    out.print(f"Cluster [bold]{cluster.name}[/]: {cluster.count} x {cluster.gpu}{sim} on "
+              f"{cluster.nodes} node(s) ({where}) over {cluster.network}. "
               f"Run a job: gpufleet run --cluster {cluster.name} SCRIPT")
 
 
-def _cluster_dict(store: Store, c: Cluster, now: float, nodes: list[Any]) -> dict[str, Any]:
-    """What the dashboard shows of a cluster, plus its health against the devices seen now."""
+def _cluster_dict(store: Store, c: Cluster, now: float, nodes: list[Any] | None) -> dict[str, Any]:
+    """What the dashboard shows of a cluster, plus its health against the devices seen now
+    (None: the pool could not be reached)."""
     from gpufleet.web import data
 
     row = data.cluster_dict(store, c, now)
-    return {**row, "topology": c.network, "age_s": now - c.created_at,
-            "health": clusters.health(c, clusters.placements(store, c), nodes)}
+    health = clusters.health(c, clusters.placements(store, c), nodes) if nodes is not None \
+        else "unknown: pool unreachable"
+    return {**row, "topology": c.network, "age_s": now - c.created_at, "health": health,
+            "pool": c.pool or "local", "nodes": c.nodes, "simulated": bool(c.simulated)}
+
+
+def _pool_nodes(store: Store, c: Cluster, seen: dict[str | None, list[Any] | None]) -> list[Any] | None:
+    """The nodes of a running cluster's pool, discovered once per pool per command."""
+    if c.status not in clusters.ACTIVE:
+        return []
+    if c.pool not in seen:
+        try:
+            seen[c.pool] = _cluster_backend(store, c).discover()
+        except GpufleetError:
+            seen[c.pool] = None
+    return seen[c.pool]
 
 
 @app.command("list")
@@ -269,8 +306,8 @@ def list_(
         q = q.where(Cluster.status.in_(clusters.ACTIVE))
     with store.session() as s:
         found = list(s.scalars(q).all())
-    nodes = _backend().discover() if any(c.status in clusters.ACTIVE for c in found) else []
-    rows = [_cluster_dict(store, c, now, nodes) for c in found]
+    seen_nodes: dict[str | None, list[Any] | None] = {}
+    rows = [_cluster_dict(store, c, now, _pool_nodes(store, c, seen_nodes)) for c in found]
     if as_json:
         _print_json(rows)
         return
@@ -281,7 +318,8 @@ def list_(
                      no_wrap=col not in ("DEVICES", "JOB"))
     for r in rows:
         job = f"{r['job']} ({r['job_status']})" if r["job"] else "-"
-        t.add_row(r["name"], r["gpu"], str(r["count"]), ",".join(r["devices"]) or "-",
+        gpu_label = r["gpu"] + (" (sim)" if r.get("simulated") else "")
+        t.add_row(r["name"], gpu_label, str(r["count"]), ",".join(r["devices"]) or "-",
                   r["topology"], r["health"], r["status"], ui.usd(r["usd_per_hour"]),
                   ui.duration(r["age_s"]), ui.usd(r["cost_usd"]), job)
     if not rows:
@@ -289,23 +327,66 @@ def list_(
     out.print(t)
 
 
-def _cluster_env(store: Store, cluster: Cluster) -> dict[str, str]:
-    """The environment a job on this cluster would get (devices pinned, presets), for a shell."""
+def _node_preset(store: Store, cluster: Cluster, node: int) -> tuple[dict[str, str], str]:
+    """What a job on the cluster's `node`-th node would get (devices pinned, presets), and the
+    node's address."""
     from gpufleet.launch.env import device_env
-    from gpufleet.launch.torchrun import merge_env
+    from gpufleet.launch.multinode import node_names
 
-    placement = clusters.placements(store, cluster)[0]
-    preset = device_env(placement, cluster.network, os.cpu_count() or 1)
-    return merge_env(dict(os.environ), {**preset, "GPUFLEET_CLUSTER": cluster.name}, {})
+    placements = clusters.placements(store, cluster)
+    p = placements[node]
+    preset = device_env(p, cluster.network, os.cpu_count() or 1)
+    return {**preset, "GPUFLEET_CLUSTER": cluster.name,
+            "GPUFLEET_NODE": node_names(len(placements))[node]}, p.address
+
+
+def _target(store: Store, name: str) -> tuple[Cluster, int]:
+    """`big` is the head node of cluster big, `big-worker2` its third node."""
+    import re
+
+    try:
+        return clusters.get(store, name), 0
+    except NotFoundError:
+        m = re.fullmatch(r"(.+)-worker(\d+)", name)
+        if m is None:
+            raise
+    cluster = clusters.get(store, m.group(1))
+    k = int(m.group(2))
+    if not 1 <= k < cluster.nodes:
+        last = f"{cluster.name}-worker{cluster.nodes - 1}" if cluster.nodes > 1 else "none"
+        raise NotFoundError(f"node: cluster {cluster.name} has {cluster.nodes} node(s): "
+                            f"{cluster.name} (head), workers up to {last}")
+    return cluster, k
+
+
+def _here(address: str) -> bool:
+    """Whether `address` is this machine (loopback, or one of its interfaces)."""
+    import psutil
+
+    if address.startswith("127.") or address in ("localhost", "::1"):
+        return True
+    return any(a.address == address for addrs in psutil.net_if_addrs().values() for a in addrs)
 
 
 def _run_in_cluster(name: str, command: list[str], cwd: Path | None) -> int:
+    import shlex
+
+    from gpufleet.launch.torchrun import merge_env
+
     store = _store()
-    cluster = clusters.get(store, name)
+    cluster, node = _target(store, name)
     if cluster.status not in clusters.ACTIVE:
-        raise ConflictError(f"cluster: '{name}' is {cluster.status}; launch it again to use it")
-    env = _cluster_env(store, cluster)
+        raise ConflictError(f"cluster: '{cluster.name}' is {cluster.status}; launch it again to "
+                            "use it")
+    if cluster.backend == "sim":
+        raise ConflictError(f"cluster: '{cluster.name}' is on a simulated pool; it has no "
+                            "machine to reach")
+    preset, address = _node_preset(store, cluster, node)
     argv = command or [os.environ.get("SHELL") or "/bin/bash"]
+    env = merge_env(dict(os.environ), preset, {})
+    if not _here(address):  # another machine of a Ray pool: over ssh, with the same settings
+        remote = ["env", *(f"{k}={v}" for k, v in sorted(preset.items())), *argv]
+        argv, env = ["ssh", "-t", address, shlex.join(remote)], dict(os.environ)
     try:
         code = subprocess.call(argv, env=env, cwd=cwd or Path(cluster.scratch_dir))
     except OSError as exc:  # not found, not executable, ...
@@ -316,9 +397,13 @@ def _run_in_cluster(name: str, command: list[str], cwd: Path | None) -> int:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def ssh(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="Cluster name (its head node).")],
+    name: Annotated[str, typer.Argument(
+        help="Cluster name (its head node), or NAME-workerK for its K-th worker node.")],
 ) -> None:
-    """A shell on the cluster's head node with its devices and environment (`-- CMD`: one command)."""
+    """A shell on a cluster node with its devices and environment (`-- CMD`: one command).
+
+    On this machine (the local pool, a local Ray pool) a shell here with the node's settings;
+    on another machine of a Ray pool, `ssh` to its address."""
     raise typer.Exit(_run_in_cluster(name, list(ctx.args), None))
 
 
@@ -334,6 +419,214 @@ def exec_(
     raise typer.Exit(_run_in_cluster(name, list(ctx.args), Path.cwd()))
 
 
+# -- pools ---------------------------------------------------------------------------------------
+pool_app = typer.Typer(help="Pools of nodes: this host, Ray clusters, synthetic pools.",
+                       no_args_is_help=True)
+app.add_typer(pool_app, name="pool")
+LIST_NODES_UP_TO = 64  # larger pools are listed as groups of alike nodes
+
+
+@pool_app.command("add")
+def pool_add(
+    kind: Annotated[str, typer.Argument(help="ray (an existing Ray cluster) or sim (synthetic).")],
+    address: Annotated[str | None, typer.Option(
+        "--address", help="ray: the head's HOST:PORT (as for `ray start --address`).")] = None,
+    shape: Annotated[list[str] | None, typer.Option(
+        "--shape", help="sim: NODESxGPU:PER_NODE[:NETWORK], repeatable, e.g. 1000xH100:8")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Pool name [default: the kind].")] = None,
+    no_default: Annotated[bool, typer.Option(
+        "--no-default", help="Keep the current default pool.")] = False,
+) -> None:
+    """Register a pool; it becomes the default for launch and run unless --no-default."""
+    from gpufleet import pools
+    from gpufleet.backends import sim
+
+    if kind not in ("ray", "sim"):
+        raise SpecError([("kind", f"'{kind}' is not allowed; allowed: ray, sim (this host is "
+                          "the built-in pool 'local')")])
+    store = _store()
+    pool_name = pools.check_name_field(name or kind)
+    if kind == "ray":
+        if address is None or shape:
+            raise SpecError([("address", "a Ray pool needs --address HOST:PORT (and no --shape)")])
+        pools.check_address(address)
+        from gpufleet.backends.ray import RayBackend
+
+        found = RayBackend(pool_name, address).discover()  # reachable, and what it has
+        pools.add(store, pool_name, "ray", address, {}, not no_default)
+        live = sum(1 for n in found if n.healthy)
+        out.print(f"Pool [bold]{pool_name}[/]: Ray cluster at {address}, {live} live node(s), "
+                  f"{sum(len(n.devices) for n in found if n.healthy)} device(s).")
+    else:
+        if address is not None:
+            raise SpecError([("address", "a sim pool has no address; give --shape")])
+        shapes = sim.parse_shapes(shape or [])
+        pools.add(store, pool_name, "sim", None, {"shapes": [x.text() for x in shapes]},
+                  not no_default)
+        out.print(f"Pool [bold]{pool_name}[/]: simulated, {sum(x.nodes for x in shapes)} nodes, "
+                  f"{sum(x.nodes * x.per_node for x in shapes)} devices.")
+    if not no_default:
+        out.print("It is now the default pool (back to this host: gpufleet pool use local).")
+
+
+@pool_app.command("up")
+def pool_up(
+    local: Annotated[bool, typer.Option("--local", help="Start a Ray cluster on this machine.")] = False,
+    nodes: Annotated[int, typer.Option("--nodes", help="Raylets: a head and workers.")] = 3,
+    gpu: Annotated[str, typer.Option(
+        "--gpu", help="Simulated GPU type each node declares (cpu: plain CPU slots).")] = "H100",
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="Devices per node.")] = 2,
+    fabric: Annotated[str | None, typer.Option(
+        "--fabric", help="pcie, nvlink or nvswitch inside a node [default: the type's own].")] = None,
+    network: Annotated[str, typer.Option(
+        "--network", help="infiniband or ethernet between nodes.")] = "infiniband",
+    name: Annotated[str, typer.Option("--name", help="Pool name.")] = "local-ray",
+    no_default: Annotated[bool, typer.Option(
+        "--no-default", help="Keep the current default pool.")] = False,
+) -> None:
+    """Start a real multi-node Ray cluster here (one raylet per node on its own 127.x address)
+    whose nodes declare simulated GPUs that run as CPU workers with gloo, and add it as a pool."""
+    from gpufleet import pools
+    from gpufleet.backends import ray_local
+    from gpufleet.pool.model import FABRIC_LEVEL
+
+    problems = []
+    if not local:
+        problems.append(("local", "only --local is supported: it starts a Ray cluster here; "
+                         "for an existing one use gpufleet pool add ray --address HOST:PORT"))
+    if not 1 <= nodes <= 16:
+        problems.append(("nodes", f"got {nodes}; must be 1 to 16 on one machine"))
+    if not 1 <= gpus_per_node <= 8:
+        problems.append(("gpus_per_node", f"got {gpus_per_node}; must be 1 to 8"))
+    try:
+        gtype = catalog.resolve_gpu(gpu)
+    except SpecError as exc:
+        problems += exc.problems
+        gtype = None
+    if fabric is not None and fabric not in FABRIC_LEVEL:
+        problems.append(("fabric", f"'{fabric}' is not allowed; allowed: "
+                         f"{', '.join(FABRIC_LEVEL)}"))
+    if network not in ("infiniband", "ethernet"):
+        problems.append(("network", f"'{network}' is not allowed; allowed: infiniband, ethernet"))
+    if problems:
+        raise SpecError(problems)
+    assert gtype is not None
+    store = _store()
+    pools.check_name_field(name)
+    pools.check_free_name(store, name)
+    head_ip = f"{ray_local.subnet_for(name)}.1"
+    cfg = ray_local.LocalRay(
+        name=name, nodes=nodes, gpu=gtype.name, per_node=gpus_per_node,
+        fabric=fabric or ("pcie" if gtype.is_cpu else gtype.node_fabric), network=network,
+        head_ip=head_ip, port=ray_local.free_port(head_ip))
+    started = time.monotonic()
+    ray_local.start(cfg, on_node=lambda node, ip: err.print(
+        f"  started {node} at {ip} ({time.monotonic() - started:.1f} s)"))
+    try:
+        ray_local.wait_nodes(cfg.address, nodes)
+        pools.add(store, name, "ray", cfg.address, json.loads(cfg.to_json()), not no_default,
+                  managed=True)
+    except BaseException:
+        ray_local.stop(name)
+        raise
+    sim = "" if gtype.is_cpu else " simulated"
+    out.print(f"Pool [bold]{name}[/]: Ray cluster at {cfg.address}, {nodes} node(s) x "
+              f"{gpus_per_node}{sim} {gtype.name} over {cfg.fabric}, {network} between nodes "
+              f"({time.monotonic() - started:.1f} s){'' if no_default else ', now the default pool'}."
+              f" Stop it: gpufleet pool down {name}")
+
+
+@pool_app.command("down")
+def pool_down(name: Annotated[str, typer.Argument(help="A pool started by pool up --local.")]) -> None:
+    """Stop a local Ray cluster started by `pool up --local` and forget the pool."""
+    from gpufleet import pools
+    from gpufleet.backends import ray_local
+
+    store = _store()
+    pool = pools.get(store, name)
+    if not pool.managed:
+        raise ConflictError(f"pool: '{name}' was not started by gpufleet; forget it with "
+                            f"gpufleet pool remove {name} (its Ray cluster is left running)")
+    pools.remove(store, name)
+    ended = ray_local.stop(name)
+    out.print(f"Pool {name} stopped ({ended} Ray process(es) ended).")
+
+
+@pool_app.command("remove")
+def pool_remove(name: Annotated[str, typer.Argument(help="Pool name.")]) -> None:
+    """Forget a pool (a Ray cluster it points to keeps running)."""
+    from gpufleet import pools
+
+    pool = pools.remove(_store(), name)
+    if pool.managed:
+        from gpufleet.backends import ray_local
+
+        ray_local.stop(name)
+    out.print(f"Pool {name} removed.")
+
+
+@pool_app.command("use")
+def pool_use(name: Annotated[str, typer.Argument(help="Pool name, or local for this host.")]) -> None:
+    """Make a pool the default for launch and run."""
+    from gpufleet import pools
+
+    pools.use(_store(), name)
+    out.print(f"Default pool: {name}")
+
+
+@pool_app.command("list")
+def pool_list(
+    name: Annotated[str | None, typer.Argument(help="One pool [default: every pool].")] = None,
+    as_json: Json = False,
+) -> None:
+    """Each pool's nodes: GPU type, devices, free, memory, fabric, network and health (a node
+    that left a Ray cluster shows as lost; simulated devices are marked)."""
+    from gpufleet import pools
+
+    store = _store()
+    default = pools.default_name(store)
+    rows_by_pool: list[tuple[str, str, str, list[dict[str, Any]] | str]] = []
+    chosen = [None, *pools.all_pools(store)] if name is None else \
+        [None if name == pools.LOCAL else pools.get(store, name)]
+    for p in chosen:
+        pname = p.name if p else pools.LOCAL
+        kind = p.kind if p else "local"
+        where = (p.address or "simulated") if p else "this host"
+        try:
+            nodes = pools.backend_for(p).discover()
+        except GpufleetError as exc:
+            rows_by_pool.append((pname, kind, where, str(exc)))
+            continue
+        rows_by_pool.append((pname, kind, where, pools.node_rows(nodes, *pools.held_on(
+            store, p.name if p else None))))
+    if as_json:
+        _print_json([{"pool": n, "kind": k, "where": w, "default": n == default,
+                      **({"error": r} if isinstance(r, str) else {"nodes": r})}
+                     for n, k, w, r in rows_by_pool])
+        return
+    for pname, kind, where, rows in rows_by_pool:
+        mark = " (default)" if pname == default else ""
+        t = Table(title=f"Pool {pname}{mark}: {kind}, {where}", title_justify="left")
+        if isinstance(rows, str):
+            t.add_column("PROBLEM")
+            t.add_row(rows)
+            out.print(t)
+            continue
+        if len(rows) > LIST_NODES_UP_TO:
+            rows = pools.grouped(rows)
+        for col in ("NODE", "ADDRESS", "GPU", "DEVICES", "FREE", "MEMORY", "FABRIC", "NETWORK",
+                    "HEALTH", "HELD BY"):
+            t.add_column(col, justify="right" if col in ("DEVICES", "FREE", "MEMORY") else "left")
+        for r in rows:
+            t.add_row(r["node"], r["address"], r["gpu"] + (" (simulated)" if r["simulated"] else ""),
+                      str(r["count"]), str(r["free"]),
+                      f"{r['memory_gb']:g} GB" if r["memory_gb"] else "-", r["fabric"],
+                      r["network"], r["health"], ", ".join(r["held_by"]) or "-")
+        if any(r["simulated"] for r in rows):
+            t.caption = "simulated: declared for tests and planning; runs as CPU workers, never billed"
+        out.print(t)
+
+
 # -- jobs ----------------------------------------------------------------------------------------
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def run(
@@ -345,6 +638,9 @@ def run(
     network: Annotated[str | None, typer.Option("--network", help="Fabric for the new cluster.")] = None,
     disk: Annotated[str | None, typer.Option("--disk", help="Scratch for the new cluster.")] = None,
     price_book: Annotated[str | None, typer.Option("--price-book", help="Bill under this book.")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Nodes for the new cluster.")] = None,
+    pool: Annotated[str | None, typer.Option(
+        "--pool", help="Pool for the new cluster [default: the default pool].")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Job name.")] = None,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Job YAML.")] = None,
     workers_per_node: Annotated[int | None, typer.Option(
@@ -417,7 +713,7 @@ def run(
              "scale_down_util": scale_down_util, "cooldown": cooldown}
     data.update({k: v for k, v in flags.items() if v is not None})
     inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
-              "price_book": price_book}
+              "price_book": price_book, "nodes": nodes, "pool": pool}
     if any(v is not None for v in inline.values()):
         if cluster:
             raise SpecError([("cluster", "give either --cluster NAME or --gpu/--count for a new "
@@ -433,6 +729,8 @@ def run(
     data.setdefault("workdir", str(Path.cwd()))
     if data.get("cluster") is None:
         raise SpecError([("cluster", "give --cluster NAME, or --gpu and --count for a new cluster")])
+    if isinstance(data["cluster"], dict):
+        data["cluster"] = _with_pool(_store(), data["cluster"])
     spec = JobSpec.parse(data)
     _run_job(spec, detach, yes, cpu_slots, dry_run)
 
@@ -482,7 +780,13 @@ def _print_dry_run(spec: JobSpec, layout: Layout, placements: list[Placement], c
     ctx = JobContext(job_name=spec.name, cluster_name=cluster, job_dir=job_dir,
                      report_addr="127.0.0.1:<report port>", fabric=fabric, python=sys.executable,
                      host_cpus=os.cpu_count() or 1)
-    commands = [(p.node_id, frameworks.build(spec, layout, p, ctx)) for p in placements]
+    if len(placements) > 1:  # what each node's agent runs (rendezvous on the head)
+        head = placements[0].address
+        commands = [(p.node_id, frameworks.build(spec, layout, p, ctx, rdzv=frameworks.Rendezvous(
+            len(placements), i, f"{head}:<port>", spec.name, p.address)))
+            for i, p in enumerate(placements)]
+    else:
+        commands = [(p.node_id, frameworks.build(spec, layout, p, ctx)) for p in placements]
     out.print(f"# dry run: job {spec.name}, {spec.framework}, {layout.describe}", markup=False,
               highlight=False, emoji=False)
     out.print(frameworks.describe(commands, job_dir), markup=False, highlight=False, soft_wrap=True,
@@ -505,18 +809,30 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None,
         jobs.check_workers(spec, cspec.per_node, cspec.name or "")
         layout = _preflight(spec, cspec.gpu, _first_world(spec, cspec.count, cspec.name or "",
                                                           cspec.node_count), dry_run)
+        _check_pool_job(spec, cspec.backend, cspec.nodes or 1)
         if dry_run:
-            nodes = _backend(cpu_slots).discover()
-            alloc = clusters.check(store, cspec, nodes)
-            _print_dry_run(spec, layout, list(alloc.placements), cspec.name or "", cspec.fabric)
+            from gpufleet import pools
+
+            prow = pools.resolve(store, cspec.pool, cspec.backend)
+            nodes = pools.backend_for(prow, cpu_slots).discover()
+            alloc = clusters.check(store, cspec, nodes, prow.name if prow else None)
+            _print_dry_run(spec, layout, list(alloc.placements), cspec.name or "",
+                           clusters.network_of(cspec, alloc, nodes))
             return
         cluster = _launch(store, cspec, yes, cpu_slots, for_job=spec.name)
+        try:
+            _check_pool_job(spec, cluster.backend, cluster.nodes)
+            jobs.check_workers(spec, cluster.count // cluster.nodes, cluster.name)
+        except GpufleetError:
+            clusters.stop(store, cluster.name, reason="job refused", cluster_id=cluster.id)
+            raise
     else:
         assert spec.cluster is not None
         cluster = clusters.get(store, spec.cluster)
         if cluster.status not in clusters.ACTIVE:
             raise ConflictError(f"cluster: '{cluster.name}' is {cluster.status}; launch a new one")
         jobs.check_workers(spec, cluster.count // cluster.nodes, cluster.name)
+        _check_pool_job(spec, cluster.backend, cluster.nodes)
         jobs.check_name_free(store, spec.name)
         jobs.check_cluster_free(store, cluster)
         layout = _preflight(spec, cluster.gpu, _first_world(spec, cluster.count, cluster.name,
@@ -534,6 +850,22 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None,
                           cluster_id=cluster.id)
         raise
     _supervise(store, job, cluster, detach, cpu_slots)
+
+
+def _check_pool_job(spec: JobSpec, backend: str, nodes: int) -> None:
+    """What a job on a pool other than this host cannot do, refused before anything starts."""
+    from gpufleet.launch.frameworks import MULTI_NODE_FRAMEWORKS
+
+    if backend == "sim":
+        raise SpecError([("cluster", "a simulated pool only plans and reserves; run jobs on the "
+                          "local pool or a Ray pool (--pool local, or gpufleet pool up --local)")])
+    if backend == "ray" or nodes > 1:
+        if spec.framework not in MULTI_NODE_FRAMEWORKS:
+            raise SpecError([("framework", f"'{spec.framework}' runs on this host's pool only; "
+                              f"on a Ray pool allowed: {', '.join(MULTI_NODE_FRAMEWORKS)}")])
+        if spec.worker_range is not None:
+            raise SpecError([("workers", "elastic resizing runs on the local pool only; on a "
+                              "Ray pool, --max-restarts replaces a lost node instead")])
 
 
 def _first_world(spec: JobSpec, devices: int, cluster: str, nodes: int = 1) -> int:
@@ -646,7 +978,7 @@ def _foreground(store: Store, job: Job, cluster: Cluster,
 
     if tty:  # a live panel under the scrolling log lines
         with Live(console=out, refresh_per_second=4, transient=True) as live:
-            sup = Supervisor(store, job, cluster, _backend(cpu_slots),
+            sup = Supervisor(store, job, cluster, _cluster_backend(store, cluster, cpu_slots),
                              on_tick=lambda v: live.update(ui.job_panel(v)), on_line=on_line)
             final = sup.run()
     else:  # logs and a progress line every 10 s
@@ -655,8 +987,8 @@ def _foreground(store: Store, job: Job, cluster: Cluster,
                 last_line[0] = time.time()
                 out.print(ui.progress_line(v), markup=False, highlight=False)
 
-        sup = Supervisor(store, job, cluster, _backend(cpu_slots), on_tick=on_tick,
-                         on_line=on_line)
+        sup = Supervisor(store, job, cluster, _cluster_backend(store, cluster, cpu_slots),
+                         on_tick=on_tick, on_line=on_line)
         final = sup.run()
     try:
         out.print(ui.summary_table(sup.view()))

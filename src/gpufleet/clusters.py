@@ -29,16 +29,23 @@ class Quote:
     rates: list[cost.Rate]
     book: str | None  # the book this cluster will be billed under
     usd_per_hour: float
+    simulated: bool = False  # declared devices: quoted for planning, billed nothing
 
 
-def quote_for(spec: ClusterSpec) -> Quote:
-    rates = cost.quote(spec.gpu, spec.count, spec.fabric)
-    book = spec.price_book or cost.default_book(spec.gpu, spec.count, spec.fabric)
+def quote_for(spec: ClusterSpec, network: str | None = None,
+              simulated: bool = False) -> Quote:
+    """The rates for the spec on `network` (default: the spec's own fabric). Simulated devices
+    are quoted, so a plan on a synthetic pool shows what it would cost, but billed at zero."""
+    network = network or spec.fabric
+    rates = cost.quote(spec.gpu, spec.count, network)
+    book = spec.price_book or cost.default_book(spec.gpu, spec.count, network)
     if spec.price_book and not any(r.book == spec.price_book for r in rates):
         offered = ", ".join(r.book for r in rates) or "none"
         raise SpecError([("price_book", f"'{spec.price_book}' has no price for {spec.gpu}; "
                           f"books that do: {offered}")])
     chosen = next((r for r in rates if r.book == book), None)
+    if simulated:
+        return Quote(rates, book, 0.0, simulated=True)
     return Quote(rates, book, chosen.usd_per_hour if chosen else 0.0)
 
 
@@ -46,63 +53,160 @@ def new_name(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(2)}"
 
 
-def _held(s: Session) -> dict[tuple[str, str], str]:
-    return {
-        (r.node_id, r.device_id): cname
-        for r, cname in s.execute(
-            select(Reservation, Cluster.name).join(Cluster, Cluster.id == Reservation.cluster_id)
-        )
-    }
+def _held(s: Session, pool: str | None = None) -> dict[tuple[str, str], str]:
+    """Reservations on one pool's nodes (node names repeat across pools: every local Ray pool
+    has a 'head')."""
+    q = select(Reservation, Cluster.name).join(Cluster, Cluster.id == Reservation.cluster_id)
+    q = q.where(Cluster.pool.is_(None) if pool is None else Cluster.pool == pool)
+    return {(r.node_id, r.device_id): cname for r, cname in s.execute(q)}
 
 
-def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node]) -> Allocation:
+def _exclusive(s: Session, pool: str | None) -> dict[str, str]:
+    """Nodes held whole by a multi-node cluster -> that cluster."""
+    q = (select(Reservation.node_id, Cluster.name)
+         .join(Cluster, Cluster.id == Reservation.cluster_id).where(Cluster.nodes > 1))
+    q = q.where(Cluster.pool.is_(None) if pool is None else Cluster.pool == pool)
+    return {nid: cname for nid, cname in s.execute(q)}
+
+
+def _price(gpu: str, network: str) -> float:
+    """The cheapest catalog rate per GPU-hour, to prefer cheaper node groups; unpriced last."""
+    rates = cost.quote(gpu, 1, network)
+    return rates[0].usd_per_hour if rates else float("inf")
+
+
+def network_of(spec: ClusterSpec, alloc: Allocation, nodes: list[Node]) -> str:
+    """The fabric the cluster runs over: the one asked for, else what its nodes have (on a
+    pool) or PCIe (on this host)."""
+    if spec.network:
+        return spec.network
+    if spec.backend == "local":
+        return spec.fabric
+    by_id = {n.id: n for n in nodes}
+    first = by_id[alloc.placements[0].node_id]
+    if len(alloc.placements) > 1:
+        return first.inter_fabric or "ethernet"
+    return first.fabric_for(spec.gpu)
+
+
+def is_simulated(alloc: Allocation) -> bool:
+    return any(d.simulated for p in alloc.placements for d in p.devices)
+
+
+def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node],
+             pool: str | None = None) -> Allocation:
     """Every reason to refuse, in the order a user would fix them; the allocation otherwise."""
-    free_disk = min((n.free_disk_bytes for n in nodes), default=0)
-    if spec.disk_bytes > free_disk:
-        raise AllocationError(
-            f"disk: the cluster asks for {spec.disk} of scratch space but the node has "
-            f"{free_disk / 1e9:.1f} GB free under {gpufleet_home()}"
-        )
+    if spec.backend == "local":
+        free_disk = min((n.free_disk_bytes for n in nodes), default=0)
+        if spec.disk_bytes > free_disk:
+            raise AllocationError(
+                f"disk: the cluster asks for {spec.disk} of scratch space but the node has "
+                f"{free_disk / 1e9:.1f} GB free under {gpufleet_home()}"
+            )
     if s.scalar(select(Cluster).where(Cluster.name == name, Cluster.status.in_(ACTIVE))):
         raise ConflictError(f"name: a cluster named '{name}' already exists; pick another "
                             f"name or stop it first (gpufleet stop {name})")
-    return allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, _held(s))
+    if spec.backend == "local":
+        return allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, _held(s))
+    return allocate(spec.gpu, spec.count, spec.nodes, spec.network, nodes, _held(s, pool),
+                    _exclusive(s, pool), price=_price)
 
 
-def check(store: Store, spec: ClusterSpec, nodes: list[Node]) -> Allocation:
+def check(store: Store, spec: ClusterSpec, nodes: list[Node], pool: str | None = None) -> Allocation:
     """Would `launch` succeed now? Raises its error if not; reserves nothing. Returns the
     devices it would get (a dry run shows commands for them)."""
-    quote_for(spec)
     with store.session() as s:
-        return _checked(s, spec, spec.name or "", nodes)
+        alloc = _checked(s, spec, spec.name or "", nodes, pool)
+    quote_for(spec, network_of(spec, alloc, nodes))
+    return alloc
 
 
-def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | None = None) -> Cluster:
+def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | None = None,
+           pool: str | None = None) -> Cluster:
     """Allocate devices and record the cluster, all in one serialized write transaction.
 
     Names are unique among running clusters; a stopped cluster keeps its name in the history.
     """
     name = spec.name or new_name("cluster")
-    q = quote_for(spec)
     scratch = gpufleet_home() / "clusters" / name
     now = time.time()
     with store.session() as s:
-        alloc = _checked(s, spec, name, nodes)
+        alloc = _checked(s, spec, name, nodes, pool)
+        network = network_of(spec, alloc, nodes)
+        q = quote_for(spec, network, is_simulated(alloc))
         cluster = Cluster(
-            name=name, gpu=spec.gpu, count=spec.count, nodes=spec.node_count,
-            network=spec.fabric, disk_bytes=spec.disk_bytes, backend=spec.backend,
-            price_book=q.book, usd_per_hour=q.usd_per_hour, status="running",
-            created_at=now, started_at=now, scratch_dir=str(scratch),
-            spec_json=spec.model_dump_json(), for_job=for_job,
+            name=name, gpu=spec.gpu, count=spec.count, nodes=len(alloc.placements),
+            network=network, disk_bytes=spec.disk_bytes, backend=spec.backend,
+            price_book=None if q.simulated else q.book, usd_per_hour=q.usd_per_hour,
+            status="running", created_at=now, started_at=now, scratch_dir=str(scratch),
+            spec_json=spec.model_dump_json(), for_job=for_job, pool=pool,
+            simulated=q.simulated,
         )
         s.add(cluster)
         s.flush()
         for p in alloc.placements:
             for d in p.devices:
                 s.add(Reservation(cluster_id=cluster.id, node_id=p.node_id, address=p.address,
-                                  device_id=d.id, device_index=d.index))
+                                  device_id=d.id, device_index=d.index, pool=pool or "local"))
     scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
     return cluster
+
+
+def heal(store: Store, cluster: Cluster, nodes: list[Node]) -> tuple[Cluster, list[str]]:
+    """Replace the cluster's lost or unhealthy nodes with free whole nodes of its type and
+    fabric, keeping the healthy ones; with no replacement, go on with the healthy nodes alone.
+    Returns the cluster and one line per change, for the job's events."""
+    by_id = {n.id: n for n in nodes}
+    notes: list[str] = []
+    with store.session() as s:
+        c = s.get(Cluster, cluster.id)
+        assert c is not None
+        rows = list(s.scalars(select(Reservation).where(Reservation.cluster_id == c.id)).all())
+        mine: dict[str, list[Reservation]] = {}
+        for r in rows:
+            mine.setdefault(r.node_id, []).append(r)
+        bad = [nid for nid in mine if nid not in by_id or not by_id[nid].healthy]
+        if not bad:
+            return c, notes
+        per = len(next(iter(mine.values())))
+        held = _held(s, c.pool)
+        exclusive = _exclusive(s, c.pool)
+        for nid in bad:
+            for r in mine.pop(nid):
+                s.delete(r)
+                held.pop((r.node_id, r.device_id), None)
+            exclusive.pop(nid, None)
+            try:
+                # a whole free node like the others: same type, same fabric
+                got = allocate(c.gpu, per, 1, c.network, [n for n in nodes if n.id not in mine],
+                               held, exclusive, price=_price, whole=c.nodes > 1)
+            except AllocationError as exc:
+                notes.append(f"node {nid} lost; no replacement ({exc}); going on with "
+                             f"{len(mine)} node(s)")
+                continue
+            p = got.placements[0]
+            for d in p.devices:
+                r = Reservation(cluster_id=c.id, node_id=p.node_id, address=p.address,
+                                device_id=d.id, device_index=d.index, pool=c.pool or "local")
+                s.add(r)
+                held[(p.node_id, d.id)] = c.name
+            exclusive[p.node_id] = c.name
+            mine[p.node_id] = []
+            notes.append(f"node {nid} lost; replaced by node {p.node_id} ({p.address})")
+        if not mine:
+            raise AllocationError(f"cluster: every node of {c.name} is lost and none is free "
+                                  "to replace them")
+        if len(mine) * per != c.count:  # fewer nodes: bank the cost so far, then the new rate
+            now = time.time()
+            c.banked_usd = cost.accrued_usd(c.usd_per_hour, c.started_at, None, now,
+                                            c.banked_usd or 0.0, c.rate_since)
+            c.rate_since = now
+            rate = cost.cluster_rate(c.gpu, len(mine) * per, c.network, c.price_book) \
+                if c.price_book else None
+            c.usd_per_hour = rate.usd_per_hour if rate is not None else 0.0
+        c.nodes = len(mine)
+        c.count = c.nodes * per
+        return c, notes
 
 
 def free_count(store: Store, cluster: Cluster, nodes: list[Node]) -> int:
@@ -172,14 +276,19 @@ def placements(store: Store, cluster: Cluster) -> list[Placement]:
         out.setdefault(r.node_id, []).append(r)
     return [
         Placement(nid, rs[0].address, tuple(
-            Device(id=r.device_id, index=r.device_index, gpu=cluster.gpu, memory_bytes=0)
+            Device(id=r.device_id, index=r.device_index, gpu=cluster.gpu, memory_bytes=0,
+                   simulated=bool(cluster.simulated))
             for r in rs))
         for nid, rs in out.items()
     ]
 
 
 def device_ids(store: Store, cluster: Cluster) -> list[str]:
-    return [d.id for p in placements(store, cluster) for d in p.devices]
+    """The cluster's devices; on several nodes each is named node/device."""
+    found = placements(store, cluster)
+    if len(found) == 1:
+        return [d.id for d in found[0].devices]
+    return [f"{p.node_id}/{d.id}" for p in found for d in p.devices]
 
 
 def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: int | None = None) -> Cluster:

@@ -131,7 +131,8 @@ class ClusterSpec(_Spec):
     network: Literal["pcie", "nvlink", "nvswitch", "infiniband", "ethernet"] | None = None
     nodes: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
     disk: str = DEFAULT_DISK
-    backend: Literal["local"] = "local"
+    backend: Literal["local", "ray", "sim"] = "local"
+    pool: str | None = None  # a named pool (gpufleet pool list); None: the default pool
     price_book: str | None = None
 
     @field_validator("name")
@@ -156,6 +157,11 @@ class ClusterSpec(_Spec):
         if not names:
             raise ValueError("a GPU type is required")
         return names.pop()
+
+    @field_validator("pool")
+    @classmethod
+    def _pool(cls, v: str | None) -> str | None:
+        return None if v is None else check_name(v, "pool")
 
     @field_validator("disk", mode="before")
     @classmethod
@@ -214,7 +220,7 @@ class ClusterSpec(_Spec):
         command shows every problem. Invalid fields that the rules do not read are replaced by
         harmless placeholders."""
         bad = {field.split(".")[0] for field, _ in problems}
-        if bad & {"count", "nodes", "network", "backend"}:
+        if bad & {"count", "nodes", "network", "backend", "pool"}:
             return []
         placeholders = {"gpu": "cpu", "name": None, "disk": DEFAULT_DISK, "price_book": None}
         trial = {k: v for k, v in data.items() if k not in bad}
@@ -243,7 +249,8 @@ class ClusterSpec(_Spec):
                              f"one of: {', '.join(INTER_NODE_NETWORKS)}"))
         if nodes > 1 and self.backend == "local":
             problems.append(("nodes", f"the local backend has one node; {nodes} nodes need a "
-                             "multi-node backend (allowed backends here: local)"))
+                             "multi-node pool: gpufleet pool add ray --address HOST:PORT, or "
+                             "gpufleet pool up --local --nodes 3 to try one here"))
         return problems
 
 

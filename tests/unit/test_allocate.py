@@ -205,13 +205,15 @@ def test_best_fit_uses_the_node_with_fewest_spare_devices_first() -> None:
     assert ids(alloc) == [("b-snug", ["gpu5", "gpu6"])]
 
 
-def test_best_fit_across_nodes_orders_by_spare() -> None:
-    n1 = node("n1", gpus(8), inter_fabric="infiniband")  # 8 free -> 4 spare
-    n2 = node("n2", gpus(8), inter_fabric="infiniband")  # 5 free -> 1 spare
-    n3 = node("n3", gpus(8), inter_fabric="infiniband")  # 6 free -> 2 spare
-    reserved = {**{("n2", f"gpu{i}"): "x" for i in range(3)}, **{("n3", f"gpu{i}"): "y" for i in range(2)}}
-    alloc = allocate("H100-SXM", 8, 2, "infiniband", [n1, n2, n3], reserved)
-    assert ids(alloc) == [("n2", ["gpu3", "gpu4", "gpu5", "gpu6"]), ("n3", ["gpu2", "gpu3", "gpu4", "gpu5"])]
+def test_several_nodes_take_only_untouched_nodes() -> None:
+    n1 = node("n1", gpus(8), inter_fabric="infiniband")
+    n2 = node("n2", gpus(8), inter_fabric="infiniband")  # one device held by a one-node cluster
+    n3 = node("n3", gpus(8), inter_fabric="infiniband")
+    alloc = allocate("H100-SXM", 8, 2, "infiniband", [n1, n2, n3], {("n2", "gpu0"): "x"})
+    assert ids(alloc) == [("n1", ["gpu0", "gpu1", "gpu2", "gpu3"]),
+                          ("n3", ["gpu0", "gpu1", "gpu2", "gpu3"])]
+    msg = refusal("H100-SXM", 16, 2, "infiniband", [n1, n2], {("n2", "gpu0"): "x"})
+    assert "node n2 is partly held (by cluster x); a multi-node cluster takes whole nodes" in msg
 
 
 def test_ties_broken_by_node_id() -> None:

@@ -216,6 +216,13 @@ def send_signal(procs: list[Any], sig: int) -> None:
             pass  # already gone
 
 
+def terminate(procs: list[Any], grace_s: float) -> None:
+    """SIGTERM `procs`, then SIGKILL whichever are still alive after `grace_s` seconds."""
+    send_signal(procs, signals.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    kill(alive)
+
+
 def kill(procs: list[Any]) -> None:
     """SIGKILL `procs` and reap them (wait up to 5 s)."""
     send_signal(procs, signals.SIGKILL)

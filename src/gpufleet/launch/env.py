@@ -19,14 +19,15 @@ NCCL_BY_FABRIC: dict[str, dict[str, str]] = {
 
 def device_env(placement: Placement, fabric: str, host_cpus: int,
                workers: int | None = None) -> dict[str, str]:
-    """Pin the node's devices and pick the process-group backend: nccl on GPUs, gloo on CPU.
+    """Pin the node's devices and pick the process-group backend: nccl on GPUs, gloo on CPU
+    (and on simulated GPUs, which run as CPU workers).
 
     Threads per worker split the host's cores over the workers that will run (`workers`, by
     default one per device), so they do not oversubscribe the CPU.
     """
     workers = workers or len(placement.devices)
     threads = str(max(1, host_cpus // max(1, workers)))
-    on_cpu = all(d.gpu == "cpu" for d in placement.devices)
+    on_cpu = all(d.gpu == "cpu" or d.simulated for d in placement.devices)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     if on_cpu:
         # hide any GPUs from CPU workers so a CPU cluster never touches a device it did not reserve

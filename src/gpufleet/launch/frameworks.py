@@ -37,6 +37,21 @@ ACCELERATE_PRECISION = {"fp32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16"
 RAY_MODULE = "gpufleet.launch.ray_train"
 
 
+MULTI_NODE_FRAMEWORKS = ("torchrun", "deepspeed")
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """How the nodes of a multi-node job find each other: torchrun's c10d rendezvous, hosted by
+    the head node's agent (`is_host`), with the seed's --nnodes/--node-rank semantics."""
+
+    nnodes: int
+    node_rank: int  # 0 is the head, which hosts the rendezvous store
+    endpoint: str  # head address:port
+    run_id: str
+    local_addr: str  # this node's address, which the other nodes reach it by
+
+
 @dataclass(frozen=True)
 class NodeCommand:
     argv: list[str]
@@ -116,27 +131,38 @@ def _job_env(layout: Layout, placement: Placement, ctx: JobContext, workers: int
     }
 
 
-def _torchrun_argv(spec: JobSpec, ctx: JobContext, workers: int) -> list[str]:
-    return [ctx.python, "-m", "torch.distributed.run",
-            "--standalone", "--nnodes", "1", "--nproc-per-node", str(workers),
+def _torchrun_argv(spec: JobSpec, ctx: JobContext, workers: int,
+                   rdzv: Rendezvous | None = None) -> list[str]:
+    # c10d gives each node its rank as it joins (GROUP_RANK in the workers); --node-rank is for
+    # static rendezvous only, so it is not passed
+    nodes = ["--standalone", "--nnodes", "1"] if rdzv is None else [
+        "--nnodes", str(rdzv.nnodes), "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", rdzv.endpoint, "--rdzv-id", rdzv.run_id,
+        "--rdzv-conf", f"is_host={1 if rdzv.node_rank == 0 else 0}",
+        "--local-addr", rdzv.local_addr]
+    return [ctx.python, "-m", "torch.distributed.run", *nodes, "--nproc-per-node", str(workers),
             "--max-restarts", "0",  # gpufleet's supervisor restarts, from the last checkpoint
             "--log-dir", str(ctx.job_dir / "torchrun"), "--tee", "3",
             spec.script, *spec.args]
 
 
 def build(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContext,
-          port: int = 29500) -> NodeCommand:
-    """One node's command under the job's framework (the local backend has one node)."""
+          port: int = 29500, rdzv: Rendezvous | None = None) -> NodeCommand:
+    """One node's command under the job's framework; `rdzv` for a node of a multi-node job
+    (torchrun-launched frameworks only)."""
     workers = spec.workers_per_node or len(placement.devices)
     env = _job_env(layout, placement, ctx, workers)
     python = ctx.python
+    if rdzv is not None and spec.framework not in MULTI_NODE_FRAMEWORKS:
+        raise ValueError(f"{spec.framework} does not run on several nodes here")
     if spec.framework == "torchrun":
-        return NodeCommand(_torchrun_argv(spec, ctx, workers), env)
+        return NodeCommand(_torchrun_argv(spec, ctx, workers, rdzv), env)
     if spec.framework == "deepspeed":
         path = ctx.job_dir / "ds_config.json"
         env["GPUFLEET_DEEPSPEED_CONFIG"] = str(path)
         config_text = json.dumps(deepspeed_config(layout), indent=2) + "\n"
-        return NodeCommand(_torchrun_argv(spec, ctx, workers), env, {path.name: config_text})
+        return NodeCommand(_torchrun_argv(spec, ctx, workers, rdzv), env,
+                           {path.name: config_text})
     if spec.framework == "accelerate":
         path = ctx.job_dir / "accelerate.yaml"
         config = accelerate_config(layout, placement, 1, 0, "127.0.0.1", port)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import socket
 import sys
 import threading
 from typing import Any, TextIO
@@ -102,9 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     # existing Ray cluster's machines are not the devices gpufleet reserved, so RAY_ADDRESS is
     # not followed here.)
     os.environ.pop("RAY_ADDRESS", None)
+    # Its GCS port is chosen here and given to its workers as RAY_ADDRESS: Ray Train's own
+    # helpers (the placement-group cleaner) otherwise look for "the" local Ray by listing
+    # processes, and fail when another Ray (a gpufleet pool, another user's) runs on the machine.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((_LOOPBACK, 0))
+        gcs_port = probe.getsockname()[1]
+    os.environ["RAY_GCS_SERVER_PORT"] = str(gcs_port)
     ray.init(address="local", _node_ip_address=_LOOPBACK, include_dashboard=False,
              num_cpus=max(args.workers + 1, os.cpu_count() or 1),
-             num_gpus=int(args.workers * args.gpus_per_worker), runtime_env={"env_vars": env})
+             num_gpus=int(args.workers * args.gpus_per_worker),
+             runtime_env={"env_vars": {**env, "RAY_ADDRESS": f"{_LOOPBACK}:{gcs_port}"}})
     use_gpu = args.gpus_per_worker > 0
     trainer = TorchTrainer(
         _worker,

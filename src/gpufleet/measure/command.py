@@ -47,6 +47,10 @@ def _cluster(store: Store, name: str) -> tuple[Cluster, Placement]:
     if job is not None:
         raise ConflictError(f"cluster: '{name}' is running job '{job.name}'; measure it when idle "
                             "(a benchmark beside a job measures neither)")
+    if c.backend != "local":
+        raise GpufleetError(f"cluster: '{name}' is on pool {c.pool}; bench allreduce measures "
+                            "this host's devices today (bench scaling runs through gpufleet run "
+                            "and works on any pool)")
     places = clusters.placements(store, c)
     if len(places) != 1:
         raise GpufleetError(f"cluster: '{name}' spans {len(places)} nodes; bench measures one node today")

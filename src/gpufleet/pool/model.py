@@ -28,6 +28,7 @@ class Node:
     inter_fabric: str | None = None  # infiniband / ethernet to other nodes; None for a lone host
     free_disk_bytes: int = 0
     healthy: bool = True
+    ref: str = ""  # the backend's own name for the node (a Ray node id), for pinning work to it
 
     def fabric_for(self, gpu: str) -> str:
         """CPU slots exchange data through host memory, which we file under pcie (the baseline)."""

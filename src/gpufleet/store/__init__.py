@@ -1,6 +1,7 @@
 """Durable state: clusters, device reservations, jobs, job events, metric samples, diagnoses."""
 
 from gpufleet.store.db import Store, gpufleet_home
-from gpufleet.store.models import Cluster, Diagnosis, Event, Job, Metric, Reservation
+from gpufleet.store.models import Cluster, Diagnosis, Event, Job, Metric, Pool, Reservation
 
-__all__ = ["Cluster", "Diagnosis", "Event", "Job", "Metric", "Reservation", "Store", "gpufleet_home"]
+__all__ = ["Cluster", "Diagnosis", "Event", "Job", "Metric", "Pool", "Reservation", "Store",
+           "gpufleet_home"]

@@ -55,7 +55,8 @@ def _sqlite_begin(conn: Any) -> None:
 
 
 # Bumped when a change cannot be made by adding columns. SQLite keeps it in PRAGMA user_version.
-SCHEMA_VERSION = 1
+# 2: reservations keyed by (pool, node, device), rebuilt in place by _rekey_reservations.
+SCHEMA_VERSION = 2
 
 
 def _set_aside_prerelease(path: Path) -> None:
@@ -77,10 +78,34 @@ def _set_aside_prerelease(path: Path) -> None:
               "a new state file", file=sys.stderr)
 
 
+def _rekey_reservations(conn: Any) -> None:
+    """Reservations were unique by (node, device); with several pools they are unique by (pool,
+    node, device). A constraint cannot be altered in SQLite, so the table is rebuilt, its rows
+    (the devices running clusters hold) copied with their cluster's pool."""
+    inspector = inspect(conn)
+    if "reservations" not in inspector.get_table_names():
+        return
+    keys = [sorted(u["column_names"]) for u in inspector.get_unique_constraints("reservations")]
+    if ["device_id", "node_id"] not in keys:
+        return
+    conn.exec_driver_sql("ALTER TABLE reservations RENAME TO reservations_v1")
+    Base.metadata.tables["reservations"].create(conn)
+    conn.exec_driver_sql(
+        "INSERT INTO reservations (id, cluster_id, node_id, address, device_id, device_index, pool) "
+        "SELECT r.id, r.cluster_id, r.node_id, r.address, r.device_id, r.device_index, "
+        "COALESCE(c.pool, 'local') FROM reservations_v1 r JOIN clusters c ON c.id = r.cluster_id")
+    conn.exec_driver_sql("DROP TABLE reservations_v1")
+
+
 def _migrate(engine: Engine) -> None:
     """Create missing tables, and add columns that newer versions introduced (nullable, so old
     rows read as 'unknown'), in one transaction."""
     with engine.begin() as conn:
+        inspector = inspect(conn)
+        if "clusters" in inspector.get_table_names() and "pool" not in {
+                c["name"] for c in inspector.get_columns("clusters")}:
+            conn.exec_driver_sql('ALTER TABLE clusters ADD COLUMN "pool" VARCHAR(64)')
+        _rekey_reservations(conn)
         Base.metadata.create_all(conn)
         inspector = inspect(conn)
         for table in Base.metadata.sorted_tables:

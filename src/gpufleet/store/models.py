@@ -36,16 +36,37 @@ class Cluster(Base):
     # current rate runs from rate_since (None: one rate since started_at).
     banked_usd: Mapped[float | None] = mapped_column(Float, nullable=True, default=0.0)
     rate_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    pool: Mapped[str | None] = mapped_column(String(64), nullable=True)  # None: this host
+    # devices a pool declared for tests and planning: never billed (usd_per_hour stays 0)
+    simulated: Mapped[bool | None] = mapped_column(Boolean, nullable=True, default=False)
+
+
+class Pool(Base):
+    """A source of nodes besides this host: a Ray cluster (added, or started here by `pool up
+    --local`) or a synthetic pool. The default pool is where `launch` and `run` carve clusters."""
+
+    __tablename__ = "pools"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))  # ray | sim
+    address: Mapped[str | None] = mapped_column(String(128), nullable=True)  # ray: HOST:PORT
+    spec_json: Mapped[str] = mapped_column(Text, default="{}")  # sim shapes; local Ray settings
+    created_at: Mapped[float] = mapped_column(Float)
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+    managed: Mapped[bool] = mapped_column(Boolean, default=False)  # started by `pool up --local`
 
 
 class Reservation(Base):
-    """A device held by a cluster. The unique key is what stops two launches sharing a device."""
+    """A device held by a cluster. The unique key is what stops two launches sharing a device;
+    node names repeat across pools (every local Ray pool has a 'head'), so the pool is in it."""
 
     __tablename__ = "reservations"
-    __table_args__ = (UniqueConstraint("node_id", "device_id"),)
+    __table_args__ = (UniqueConstraint("pool", "node_id", "device_id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"))
+    pool: Mapped[str] = mapped_column(String(64), default="local", server_default="local")
     node_id: Mapped[str] = mapped_column(String(64))
     address: Mapped[str] = mapped_column(String(64))
     device_id: Mapped[str] = mapped_column(String(32))

@@ -13,7 +13,8 @@ from typing import IO
 
 _RAY_TAG = re.compile(r"^(?:\x1b\[[0-9;]*m)?\([A-Za-z_]\w* pid=\d+(?:, ip=[^)]*)?\)(?:\x1b\[[0-9;]*m)? ")
 _HOROVOD_TAG = re.compile(r"^\[(\d+)\]<std(?:out|err)>:")  # horovodrun's own rank tag
-_PREFIX = re.compile(r"^\[rank(\d+)\]:(.*)$", re.DOTALL)
+_PREFIX = re.compile(r"^\[(?:[\w.-]+ )?rank(\d+)\]:(.*)$", re.DOTALL)
+_NODE_TAG = re.compile(r"^\[[\w.-]+\]: ")  # a node agent's own line, from the Ray driver
 TAIL_LINES = 40
 
 
@@ -23,13 +24,14 @@ def split_line(line: str) -> tuple[int | None, str]:
     torch prefixes a worker's uncaught-exception lines with `[rankN]:` itself, so those arrive
     as `[rankN]:[rankN]: ...`; both prefixes go. Under Ray, the driver puts its own
     `(RayTrainWorker pid=N)` tag (maybe coloured) in front, which goes too; horovodrun tags
-    lines `[N]<stdout>:`, read as rank N.
+    lines `[N]<stdout>:`, read as rank N. A multi-node job's lines come as `[NODE rankN]:` and
+    its node agents' as `[NODE]: `; the node stays in the combined log only.
     """
     line = _RAY_TAG.sub("", line, count=1)
     line = _HOROVOD_TAG.sub(r"[rank\1]:", line, count=1)
     m = _PREFIX.match(line)
     if not m:
-        return None, line
+        return None, _NODE_TAG.sub("", line, count=1)
     rank, text = int(m.group(1)), m.group(2)
     own = f"[rank{rank}]:"
     if text.startswith(own):

@@ -28,7 +28,8 @@ from typing import Any
 import psutil
 
 from gpufleet import clusters
-from gpufleet.backends.local import Handle, LocalBackend, kill
+from gpufleet.backends.local import Handle, kill
+from gpufleet.backends.ray_run import NODE_LOST_EXIT
 from gpufleet.errors import GpufleetError
 from gpufleet.launch import frameworks
 from gpufleet.launch.torchrun import JobContext, merge_env
@@ -40,7 +41,7 @@ from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.telemetry import TelemetryState
 from gpufleet.supervise.view import MODEL_STATE_METRICS, JobView, job_view
 from gpufleet.telemetry.recent import Recent
-from gpufleet.telemetry.schema import JOB_RANK
+from gpufleet.telemetry.schema import DEVICE_METRICS, JOB_RANK
 
 FLUSH_EVERY_S = 0.25  # reports reach the store (and the dashboard) at most this late
 _NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total", "pid")
@@ -70,7 +71,7 @@ def _become_subreaper() -> None:
 
 
 class Supervisor:
-    def __init__(self, store: Store, job: Job, cluster: Cluster, backend: LocalBackend,
+    def __init__(self, store: Store, job: Job, cluster: Cluster, backend: Any,
                  on_tick: Callable[[JobView], None] | None = None,
                  on_line: Callable[[int | None, str], None] | None = None):
         self.store, self.job, self.cluster, self.backend = store, job, cluster, backend
@@ -108,6 +109,9 @@ class Supervisor:
         self.last_scale_note = ""
         self.free_cache: tuple[float, int] | None = None
         self.policy, self.allowed, self.workers = elastic_plan(self.spec, job.world_size)
+        self.on_ray = getattr(backend, "name", "local") == "ray"
+        # worker pids in reports name processes on this machine only for a pool on loopback
+        self.pids_here = not self.on_ray or _loopback(getattr(backend, "address", ""))
 
     # -- signals ------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -140,7 +144,7 @@ class Supervisor:
         code: int | None = None
         try:
             sink = LogSink(job_dir, self.job.world_size)
-            sock = _report_socket()
+            sock = _report_socket(self._report_host())
             # Claim the job before starting anything: if `gpufleet stop` got here first (the job
             # is no longer 'starting', or its cluster was stopped), start nothing.
             if not jobs.begin_running(self.store, self.job.id, self.cluster.id,
@@ -223,18 +227,23 @@ class Supervisor:
         self.samples_before = self.job.samples or 0  # reports count from 0 in each run
         self.throughput = Throughput()
         self.job.first_step = self.job.first_step_at = None
-        placement = clusters.placements(self.store, self.cluster)[0]
-        placement = dataclasses.replace(placement, devices=placement.devices[: self.workers])
+        if self.on_ray and self.runs > 1:
+            self._heal()
+        placements = clusters.placements(self.store, self.cluster)
+        placement = dataclasses.replace(placements[0], devices=placements[0].devices[: self.workers])
         spec = self.spec
         if self.policy is not None:
             spec = spec.model_copy(update={"workers_per_node": self.workers})
         ctx = JobContext(
             job_name=self.job.name, cluster_name=self.cluster.name, job_dir=job_dir,
-            report_addr=f"127.0.0.1:{sock.getsockname()[1]}", fabric=self.cluster.network,
-            python=sys.executable, host_cpus=os.cpu_count() or 1,
+            report_addr=f"{sock.getsockname()[0]}:{sock.getsockname()[1]}",
+            fabric=self.cluster.network, python=sys.executable, host_cpus=os.cpu_count() or 1,
         )
         layout = spec.layout(self.workers)
-        cmd = frameworks.build(spec, layout, placement, ctx, port=_free_port())
+        if self.on_ray:
+            cmd = self._ray_command(spec, layout, placements, ctx)
+        else:
+            cmd = frameworks.build(spec, layout, placement, ctx, port=_free_port())
         env = merge_env(dict(os.environ), {**cmd.env, **self._survive_env(job_dir)}, spec.env)
         for file_name, content in cmd.files.items():  # generated framework configs
             (job_dir / file_name).write_text(content)
@@ -252,7 +261,7 @@ class Supervisor:
         self.reader = threading.Thread(target=self._read_output, args=(self.handle, sink),
                                        daemon=True)
         self.reader.start()
-        self.telemetry.start(self.handle, placement, env, sink)
+        self.telemetry.start(self.handle, placement, env, sink, sample=not self.on_ray)
         outcome = self._watch(self.handle, sock)
         self._end_workers(sink)
         if outcome.kind == "exit":
@@ -260,9 +269,70 @@ class Supervisor:
         if outcome.kind == "exit" and outcome.code not in (0, None):
             rank, rank_code = failed_rank(sink.tail(None), sink.tails)
             last = sink.tail(rank)[-8:] if rank is not None else sink.tail(None)[-8:]
+            lost = next((ln for ln in reversed(sink.tail(None)) if ln.startswith("NodeLostError")),
+                        None) if outcome.code == NODE_LOST_EXIT else None
+            if lost is not None:  # a node went away: its peers' errors are knock-on effects
+                rank, rank_code, last = None, None, sink.tail(None)[-8:]
             outcome = dataclasses.replace(outcome, rank=rank, rank_code=rank_code,
-                                          error=last_exception(last), last_lines="\n".join(last))
+                                          error=lost or last_exception(last),
+                                          last_lines="\n".join(last))
         return outcome
+
+    # -- many nodes (a Ray pool) ------------------------------------------------------------------
+    def _ray_command(self, spec: JobSpec, layout: Any, placements: list[Any],
+                     ctx: JobContext) -> frameworks.NodeCommand:
+        """Write the plan for the Ray driver and return the command that runs it."""
+        from gpufleet.launch import multinode
+
+        job_dir = Path(self.job.job_dir)
+        nodes = {n.id: n for n in self.backend.discover()}
+        missing = [p.node_id for p in placements if p.node_id not in nodes]
+        if missing:
+            raise GpufleetError(f"node(s) {', '.join(missing)} of cluster {self.cluster.name} "
+                                "are not in the Ray cluster")
+        head = placements[0].address
+        loopback = _loopback(head)
+        plan = multinode.plan(
+            spec, layout, placements, nodes, ctx, port=_free_port(head if loopback else ""),
+            run_id=f"{self.job.name}-{self.runs}",
+            user_env={**self._survive_env(job_dir), **spec.env}, ready_timeout_s=60.0,
+            address=self.backend.address, loopback=loopback,
+            memory_per_slot=psutil.virtual_memory().total // max(1, self.cluster.count))
+        path = job_dir / "ray-plan.json"
+        path.write_text(json.dumps(plan, indent=1))
+        files = {k: v for n in plan["nodes"] for k, v in n["files"].items()}
+        return frameworks.NodeCommand(self.backend.driver_argv(path), {
+            "GPUFLEET_JOB": self.job.name, "PYTHONUNBUFFERED": "1"}, files)
+
+    def _heal(self) -> None:
+        """Before a restart on a Ray pool: replace lost nodes (or go on without them). The
+        driver names the nodes it lost; Ray may not have marked them dead yet."""
+        lost_file = Path(self.job.job_dir) / "ray-plan.lost"
+        try:
+            lost = set(json.loads(lost_file.read_text()))
+            lost_file.unlink()
+        except (OSError, ValueError):
+            lost = set()
+        nodes = [dataclasses.replace(n, healthy=False) if n.id in lost else n
+                 for n in self.backend.discover()]
+        self.cluster, notes = clusters.heal(self.store, self.cluster, nodes)
+        for note in notes:
+            jobs.add_event(self.store, self.job.id, "node_replaced", note)
+            self._say(note)
+        if self.spec.workers_per_node is None:
+            self.workers = self.cluster.count
+        else:
+            self.workers = self.spec.workers_per_node * self.cluster.nodes
+
+    def _report_host(self) -> str:
+        """Where workers send reports: loopback, unless the job's nodes are other machines (a
+        remote Ray pool), which reach us at the address our route to the pool leaves from."""
+        address = getattr(self.backend, "address", "")
+        if not self.on_ray or _loopback(address):
+            return "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address.rsplit(":", 1)[0], 9))  # UDP: picks a route, sends nothing
+            return str(probe.getsockname()[0])
 
     def _control_path(self) -> Path:
         return Path(self.job.job_dir) / "control.json"
@@ -530,9 +600,28 @@ class Supervisor:
         elif kind == "exit_for_resize":
             self.exited_for_resize = True
 
+    def _on_samples(self, rec: dict[str, Any]) -> None:
+        """Device samples from a node's agent (a Ray pool), keyed by the device's position in
+        the cluster and labelled node/device."""
+        node = str(rec["node"])[:32]
+        t = float(rec["t"])
+        rows = []
+        for key, device, name, value in rec["device_samples"]:
+            if name not in DEVICE_METRICS or not isinstance(value, int | float):
+                continue
+            self.recent.add(name, int(key), t, float(value))
+            if math.isfinite(value):
+                rows.append(Metric(time=t, cluster=self.cluster.name, job=self.job.name,
+                                   node=node, rank=int(key), device=f"{node}/{str(device)[:24]}",
+                                   name=name, value=float(value)))
+        self.add_samples(rows)
+
     def _on_report(self, rec: dict[str, Any]) -> None:
         if "event" in rec:
             self._on_event(rec)
+            return
+        if "device_samples" in rec:
+            self._on_samples(rec)
             return
         # Typed here: the port is open to any local process, and a string in an Integer column
         # would reach the page (a ValueError drops the datagram instead).
@@ -540,7 +629,7 @@ class Supervisor:
                    samples=_opt(int, rec.get("samples")), loss=_opt(float, rec.get("loss")),
                    total_steps=_opt(int, rec.get("total_steps")),
                    samples_total=_opt(int, rec.get("samples_total")))
-        if isinstance(rec.get("pid"), int):
+        if isinstance(rec.get("pid"), int) and self.pids_here:
             self.telemetry.worker_pid(r.rank, rec["pid"])
             self.worker_pids[r.rank] = rec["pid"]
         self.last_seen[r.rank] = (time.time(), r.step)
@@ -663,20 +752,27 @@ def _opt(kind: type[int] | type[float], value: Any) -> Any:
     return kind(value)
 
 
-def _free_port() -> int:
-    """A TCP port free on loopback now, for launchers that need one named (Accelerate)."""
+def _free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now, for launchers that need one named (Accelerate, the head
+    of a multi-node job). An empty host: any address of this machine."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((host, 0))
         return int(probe.getsockname()[1])
 
 
-def _report_socket() -> socket.socket:
-    """The UDP socket workers report to, on a free loopback port, with a large receive buffer
+def _loopback(address: str) -> bool:
+    from gpufleet.backends.ray import is_loopback
+
+    return is_loopback(address) if address else False
+
+
+def _report_socket(host: str = "127.0.0.1") -> socket.socket:
+    """The UDP socket workers report to, on a free port of `host`, with a large receive buffer
     so a burst of reports waits in the kernel while we write to the store."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, 0))
     sock.setblocking(False)
     return sock
 
@@ -696,6 +792,7 @@ def _end_descendants() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a detached supervisor: `python -m gpufleet.supervise.supervisor JOB`."""
+    from gpufleet import pools
     from gpufleet.store import Cluster as ClusterRow
 
     args = argv if argv is not None else sys.argv[1:]
@@ -704,7 +801,8 @@ def main(argv: list[str] | None = None) -> int:
     with store.session() as s:
         cluster = s.get(ClusterRow, job.cluster_id)
     assert cluster is not None
-    done = Supervisor(store, job, cluster, LocalBackend()).run()
+    backend = pools.backend_for(pools.pool_of(store, cluster))
+    done = Supervisor(store, job, cluster, backend).run()
     return 0 if done.status == "succeeded" else 1
 
 

@@ -51,16 +51,17 @@ class TelemetryState:
         self.thresholds = thresholds_from_env(os.environ)
 
     def start(self, handle: Handle, placement: Placement, env: dict[str, str],
-              sink: LogSink) -> None:
+              sink: LogSink, sample: bool = True) -> None:
         """Start sampling. Called with the workers already running, so nothing here may raise:
-        a failure is written to the job folder and the job goes on without device telemetry."""
+        a failure is written to the job folder and the job goes on without device telemetry.
+        `sample=False`: the nodes' own agents sample their devices (a Ray pool)."""
         self.handle, self.sink = handle, sink
         self.stopping = threading.Event()  # a fresh one per run of the workers
         self.cpu = self.nvml = None
         sup = self.sup
         try:
             self.baseline = records.baseline_samples_per_s(sup.store, sup.job, sup.cluster.gpu)
-            if self.enabled:
+            if self.enabled and sample:
                 self._start_sampler(placement, env)
         except Exception:
             self._failed()
@@ -146,7 +147,8 @@ class TelemetryState:
             now=now, status="ended" if final else job.status, started_at=job.started_at,
             last_report_at=job.last_report_at, step=job.step,
             seconds_per_step=seconds_per_step(job), world_size=job.world_size,
-            on_gpu=cluster.gpu != "cpu", gpu=cluster.gpu, gpu_bf16=bool(gpu and gpu.bf16),
+            on_gpu=cluster.gpu != "cpu" and not cluster.simulated, gpu=cluster.gpu,
+            gpu_bf16=bool(gpu and gpu.bf16),
             precision=layout.precision if layout else sup.spec.precision,
             strategy=sup.spec.strategy,
             ranks={k: v for k, v in snap.items() if k not in DEVICE_METRICS},

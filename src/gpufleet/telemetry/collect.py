@@ -32,8 +32,10 @@ class CpuSampler:
     environment (a script that never imports gpufleet), among the launcher's descendants.
     """
 
-    def __init__(self, devices: list[str], threads_per_worker: int, memory_per_slot: int):
+    def __init__(self, devices: list[str], threads_per_worker: int, memory_per_slot: int,
+                 rank_var: str = "RANK"):
         self.devices = devices
+        self.rank_var = rank_var  # LOCAL_RANK where the sampler sees one node of several
         self.threads = max(1, threads_per_worker)
         self.memory_per_slot = memory_per_slot
         self.pids: dict[int, int] = {}  # rank -> pid
@@ -50,7 +52,7 @@ class CpuSampler:
         known = set(self.pids.values())
         for p in children:
             try:
-                rank = p.environ().get("RANK")
+                rank = p.environ().get(self.rank_var)
             except psutil.Error:
                 continue
             if rank is not None and rank.isdigit() and int(rank) not in self.pids \

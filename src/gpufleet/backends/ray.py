@@ -1,0 +1,179 @@
+"""An existing Ray cluster as a pool: nodes from Ray's node table, jobs through Ray actors.
+
+What a node offers is read from its Ray resources and labels, so an operator describes a node
+once, where they start it (`ray start --resources ... --labels ...`):
+
+    label gpufleet/gpu        catalog GPU type (else Ray's ray.io/accelerator-type, else cpu)
+    resource gpufleet_gpu     devices gpufleet may use (else Ray's GPU resource)
+    label gpufleet/fabric     pcie | nvlink | nvswitch between the node's GPUs (default pcie)
+    label gpufleet/network    infiniband | ethernet to other nodes (default ethernet)
+    label gpufleet/simulated  true: the devices are declared for tests and run as CPU workers
+    label gpufleet/node       a stable node name (default: the start of Ray's node id)
+
+A node Ray lists as dead is kept, unhealthy, so `pool list` shows it lost. Jobs run through
+`gpufleet.backends.ray_run`, one local driver process per run of a job that starts a
+`NodeAgent` actor on every node of the cluster (see there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpufleet import catalog
+from gpufleet.errors import ConflictError
+from gpufleet.pool.model import FABRIC_LEVEL, Device, Node
+
+if TYPE_CHECKING:
+    from gpufleet.backends.local import Handle
+
+LABEL_GPU = "gpufleet/gpu"
+LABEL_FABRIC = "gpufleet/fabric"
+LABEL_NETWORK = "gpufleet/network"
+LABEL_SIMULATED = "gpufleet/simulated"
+LABEL_NODE = "gpufleet/node"
+RESOURCE = "gpufleet_gpu"
+NETWORKS = ("infiniband", "ethernet")
+NAMESPACE = "gpufleet"
+
+
+def _count(resources: dict[str, float], key: str) -> int:
+    return int(resources.get(key, 0) + 1e-9)
+
+
+def node_from_ray(raw: dict[str, Any]) -> Node:
+    """One entry of `ray.nodes()` as a pool node (pure, so it is tested without Ray)."""
+    labels: dict[str, str] = raw.get("Labels") or {}
+    resources: dict[str, float] = raw.get("Resources") or {}
+    ray_id = str(raw.get("NodeID", ""))
+    alive = bool(raw.get("Alive"))
+    name = labels.get(LABEL_NODE) or ray_id[:12]
+    typed = labels.get(LABEL_GPU) or labels.get("ray.io/accelerator-type") or next(
+        (k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")), "")
+    gpu: catalog.GpuType | None = None
+    if typed:
+        with contextlib.suppress(Exception):
+            gpu = catalog.resolve_gpu(typed)
+    count = _count(resources, RESOURCE) or _count(resources, "GPU")
+    if not typed and not count:  # a CPU-only Ray node: no devices for gpufleet
+        gpu = catalog.gpu_types()["cpu"]
+    simulated = labels.get(LABEL_SIMULATED, "").lower() in ("1", "true", "yes")
+    type_name = gpu.name if gpu else f"unknown:{typed or 'GPU'}"
+    mem = int(gpu.memory_gb * 1e9) if gpu else 0
+    fabric = labels.get(LABEL_FABRIC, "pcie")
+    fabric = fabric if fabric in FABRIC_LEVEL else "pcie"
+    network = labels.get(LABEL_NETWORK, "ethernet")
+    peers = range(count) if fabric != "pcie" else ()
+    devices = tuple(
+        Device(id=f"{'cpu' if type_name == 'cpu' else 'gpu'}{i}", index=i, gpu=type_name,
+               memory_bytes=mem, healthy=alive and gpu is not None, simulated=simulated,
+               nvlink_peers=tuple(p for p in peers if p != i))
+        for i in range(count))
+    return Node(id=name, address=str(raw.get("NodeManagerAddress", "")), devices=devices,
+                gpu_fabric=fabric, inter_fabric=network if network in NETWORKS else "ethernet",
+                free_disk_bytes=1 << 62, healthy=alive, ref=ray_id)
+
+
+def nodes_from_ray(raw: list[dict[str, Any]]) -> list[Node]:
+    """Every node once: a node that rejoined (same gpufleet/node label, new Ray id) shows as
+    its live entry, a node that left and did not come back as lost."""
+    by_name: dict[str, Node] = {}
+    for entry in raw:
+        node = node_from_ray(entry)
+        old = by_name.get(node.id)
+        if old is None or (node.healthy and not old.healthy):
+            by_name[node.id] = node
+    return sorted(by_name.values(), key=lambda n: (n.id != "head", n.id))
+
+
+def client_env() -> dict[str, str]:
+    """Ray 2.5x+ clusters started by `ray start` use token authentication by default, with the
+    token in ~/.ray/auth_token; a client must say so too. A mode the user set wins."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return {}
+    return {"RAY_AUTH_MODE": "token"} if (Path.home() / ".ray" / "auth_token").exists() else {}
+
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
+    """None if something accepts TCP connections at HOST:PORT, else why not. `ray.init` waits
+    without end for a head that is not there; this answers in at most `timeout_s`."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+
+
+def connect(address: str) -> Any:
+    """`ray.init` to an existing cluster from this process, once; returns the module. Ray's own
+    start-up chatter is kept off the terminal."""
+    os.environ.update(client_env())
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    why = reachable(address)
+    if why is not None:
+        raise ConflictError(f"pool: cannot reach the Ray cluster at {address}: {why} (is it "
+                            "running? `ray status --address ...` tells)")
+    quiet = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(quiet):
+            ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR",
+                     log_to_driver=False, configure_logging=False)
+    except Exception as exc:  # ConnectionError, timeouts, auth: one line for the user
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConflictError(f"pool: cannot reach the Ray cluster at {address}: {detail} (is it "
+                            "running? `ray status --address ...` tells)") from None
+    return ray
+
+
+class RayBackend:
+    """Discovery from Ray's node table; processes through a local driver (`ray_run`) that the
+    supervisor starts, watches and ends like any local process tree."""
+
+    name = "ray"
+
+    def __init__(self, pool: str, address: str):
+        from gpufleet.backends.local import LocalBackend
+
+        self.pool, self.address = pool, address
+        self.procs = LocalBackend(cpu_slots=1)  # the driver is a local process tree
+
+    def discover(self) -> list[Node]:
+        ray = connect(self.address)
+        return nodes_from_ray(ray.nodes())
+
+    def driver_argv(self, plan_path: Path) -> list[str]:
+        return [sys.executable, "-m", "gpufleet.backends.ray_run", str(plan_path)]
+
+    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
+        return self.procs.start(argv, {**env, **client_env()}, cwd)
+
+    def poll(self, handle: Handle) -> int | None:
+        return self.procs.poll(handle)
+
+    def signal(self, handle: Handle, sig: int) -> None:
+        self.procs.signal(handle, sig)
+
+    def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None:
+        self.procs.kill_tree(handle, grace_s)
+
+
+def is_loopback(address: str) -> bool:
+    """For a host or HOST:PORT ([::1]:PORT for IPv6)."""
+    host = address
+    if address.startswith("["):
+        host = address[1:].split("]", 1)[0]
+    elif address.count(":") == 1:
+        host = address.split(":", 1)[0]
+    return host == "localhost" or host.startswith("127.") or host == "::1"

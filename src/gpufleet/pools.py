@@ -1,0 +1,201 @@
+"""Pools: where clusters are carved from. This host (`local`, always there), Ray clusters and
+synthetic pools, kept in the store with one of them the default for `launch` and `run`.
+
+Like clusters.py, this is the store side; discovery and processes are the backends' business.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from sqlalchemy import select
+
+from gpufleet.backends import sim
+from gpufleet.errors import ConflictError, NotFoundError, SpecError
+from gpufleet.spec import check_name
+from gpufleet.store import Cluster, Pool, Store
+
+LOCAL = "local"
+KINDS = ("local", "ray", "sim")
+_ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+
+
+def check_address(address: str) -> str:
+    if not _ADDRESS.match(address) or not 0 < int(address.rsplit(":", 1)[1]) < 65536:
+        raise SpecError([("address", f"'{address}' is not HOST:PORT of a Ray head, e.g. "
+                          "10.0.0.5:6379")])
+    return address
+
+
+def all_pools(store: Store) -> list[Pool]:
+    with store.read() as s:
+        return list(s.scalars(select(Pool).order_by(Pool.id)).all())
+
+
+def default_name(store: Store) -> str:
+    with store.read() as s:
+        name = s.scalar(select(Pool.name).where(Pool.is_default.is_(True)))
+    return name or LOCAL
+
+
+def get(store: Store, name: str) -> Pool:
+    with store.read() as s:
+        pool = s.scalar(select(Pool).where(Pool.name == name))
+    if pool is None:
+        known = ", ".join([LOCAL, *(p.name for p in all_pools(store))])
+        raise NotFoundError(f"pool: no pool named '{name}' (pools: {known}; add one with "
+                            "gpufleet pool add ray --address HOST:PORT)")
+    return pool
+
+
+def resolve(store: Store, name: str | None, backend: str | None = None) -> Pool | None:
+    """The pool a command means: named, else the only pool of the asked backend kind, else the
+    default. None is this host."""
+    if name is not None:
+        return None if name == LOCAL else get(store, name)
+    if backend is not None and backend != LOCAL:
+        kind = [p for p in all_pools(store) if p.kind == backend]
+        if len(kind) != 1:
+            names = ", ".join(p.name for p in kind) or "none"
+            raise SpecError([("backend", f"{len(kind)} {backend} pools ({names}); name one "
+                              "with --pool")])
+        return kind[0]
+    if backend == LOCAL:
+        return None
+    default = default_name(store)
+    return None if default == LOCAL else get(store, default)
+
+
+def check_free_name(store: Store, name: str) -> None:
+    check_name_field(name)
+    if name == LOCAL:
+        raise ConflictError("name: 'local' is this host's own pool; pick another name")
+    with store.read() as s:
+        if s.scalar(select(Pool).where(Pool.name == name)) is not None:
+            raise ConflictError(f"name: a pool named '{name}' already exists (gpufleet pool "
+                                f"remove {name} first)")
+
+
+def check_name_field(name: str) -> str:
+    try:
+        return check_name(name, "pool")
+    except ValueError as exc:
+        raise SpecError([("name", str(exc))]) from None
+
+
+def add(store: Store, name: str, kind: str, address: str | None, spec: dict[str, Any],
+        make_default: bool, managed: bool = False) -> Pool:
+    check_free_name(store, name)
+    with store.session() as s:
+        if make_default:
+            for p in s.scalars(select(Pool).where(Pool.is_default.is_(True))).all():
+                p.is_default = False
+        pool = Pool(name=name, kind=kind, address=address, spec_json=json.dumps(spec),
+                    created_at=time.time(), is_default=make_default, managed=managed)
+        s.add(pool)
+    return pool
+
+
+def use(store: Store, name: str) -> None:
+    if name != LOCAL:
+        get(store, name)
+    with store.session() as s:
+        for p in s.scalars(select(Pool)).all():
+            p.is_default = p.name == name
+
+
+def active_clusters(store: Store, name: str) -> list[str]:
+    from gpufleet.clusters import ACTIVE
+
+    with store.read() as s:
+        return list(s.scalars(select(Cluster.name).where(
+            Cluster.pool == name, Cluster.status.in_(ACTIVE))).all())
+
+
+def remove(store: Store, name: str) -> Pool:
+    """Forget a pool; refused while clusters hold its devices (stop them first)."""
+    pool = get(store, name)
+    held = active_clusters(store, name)
+    if held:
+        raise ConflictError(f"pool: '{name}' still has running cluster(s) {', '.join(held)}; "
+                            f"stop them first (gpufleet stop {held[0]})")
+    with store.session() as s:
+        row = s.get(Pool, pool.id)
+        if row is not None:
+            s.delete(row)
+    return pool
+
+
+def backend_for(pool: Pool | None, cpu_slots: int | None = None) -> Any:
+    """The backend object that discovers the pool's nodes (and starts processes on them)."""
+    from gpufleet.backends.local import LocalBackend
+    from gpufleet.store import gpufleet_home
+
+    if pool is None:
+        return LocalBackend(cpu_slots, state_dir=gpufleet_home())
+    if pool.kind == "sim":
+        shapes = [sim.parse_shape(t) for t in json.loads(pool.spec_json)["shapes"]]
+        return sim.SimBackend(pool.name, shapes)
+    from gpufleet.backends.ray import RayBackend
+
+    assert pool.address is not None
+    return RayBackend(pool.name, pool.address)
+
+
+def pool_of(store: Store, cluster: Cluster) -> Pool | None:
+    return None if not cluster.pool or cluster.pool == LOCAL else get(store, cluster.pool)
+
+
+def held_on(store: Store, pool: str | None) -> tuple[dict[tuple[str, str], str], dict[str, str]]:
+    """(device reservations, nodes held whole) on one pool."""
+    from gpufleet.clusters import _exclusive, _held
+
+    with store.read() as s:
+        return _held(s, pool), _exclusive(s, pool)
+
+
+def node_rows(nodes: list[Any], held: dict[tuple[str, str], str],
+              whole: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """One row per node for `pool list`: what it offers, what is free, who holds the rest (a
+    node held whole by a multi-node cluster has nothing free)."""
+    whole = whole or {}
+    rows = []
+    for n in nodes:
+        kinds = sorted({d.gpu for d in n.devices}) or ["-"]
+        for gpu in kinds:
+            devs = [d for d in n.devices if d.gpu == gpu]
+            holders = sorted({held[(n.id, d.id)] for d in devs if (n.id, d.id) in held})
+            free = sum(1 for d in devs if d.healthy and (n.id, d.id) not in held)
+            if n.id in whole:
+                free = 0
+                holders = sorted({*holders, whole[n.id]})
+            rows.append({
+                "node": n.id, "address": n.address, "gpu": gpu, "count": len(devs),
+                "free": free if n.healthy else 0,
+                "memory_gb": round(max((d.memory_bytes for d in devs), default=0) / 1e9, 1),
+                "fabric": n.fabric_for(gpu), "network": n.inter_fabric or "-",
+                "health": "ok" if n.healthy and all(d.healthy for d in devs) else
+                ("lost" if not n.healthy else "unhealthy devices"),
+                "simulated": any(d.simulated for d in devs), "held_by": holders,
+            })
+    return rows
+
+
+def grouped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of alike nodes summed, for pools too large to list node by node."""
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        key = (r["gpu"], r["count"], r["fabric"], r["network"], r["health"], r["simulated"])
+        g = out.setdefault(key, {**r, "node": "", "nodes": 0, "count": 0, "free": 0,
+                                 "held_by": set(), "address": "-"})
+        g["nodes"] += 1
+        g["count"] += r["count"]
+        g["free"] += r["free"]
+        g["held_by"] |= set(r["held_by"])
+    for g in out.values():
+        g["node"] = f"{g['nodes']} nodes"
+        g["held_by"] = sorted(g["held_by"])
+    return list(out.values())

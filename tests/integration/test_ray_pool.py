@@ -1,0 +1,303 @@
+"""Pools on a real multi-node Ray cluster on this machine: three raylets on their own loopback
+addresses, each declaring 2 simulated H100s (CPU workers with gloo).
+
+The cluster is the one `.ci/run` (or `scripts/check`) starts with `gpufleet pool up --local`,
+named by $GPUFLEET_TEST_RAY_HOME / $GPUFLEET_TEST_RAY_POOL; run alone, this module starts its
+own and stops it at the end. Each test adds it to its own fleet as pool `ray` and checks that no
+process of its jobs is left on the Ray nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from fleet_helpers import CLI, EXAMPLES, Fleet, error_lines
+
+from gpufleet import pools
+from gpufleet.backends import ray_local
+from gpufleet.store import Store
+
+pytestmark = pytest.mark.integration
+NODES = 3
+PER_NODE = 2
+
+
+@dataclass
+class RayPool:
+    name: str
+    address: str
+    cfg: ray_local.LocalRay
+    home: Path
+
+
+def _pool_of(home: Path, name: str) -> RayPool:
+    store = Store(url=f"sqlite:///{home / 'state.db'}")
+    row = pools.get(store, name)
+    store.close()
+    assert row.address is not None
+    return RayPool(name, row.address, ray_local.LocalRay.from_json(row.spec_json), home)
+
+
+@pytest.fixture(scope="module")
+def ray_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayPool]:
+    home_env, name_env = os.environ.get("GPUFLEET_TEST_RAY_HOME"), os.environ.get(
+        "GPUFLEET_TEST_RAY_POOL")
+    if home_env and name_env:
+        yield _pool_of(Path(home_env), name_env)
+        return
+    home = tmp_path_factory.mktemp("raypool") / "home"
+    name = f"test-{os.getpid() % 100000}"
+    env = {**os.environ, "GPUFLEET_HOME": str(home)}
+    up = subprocess.run([*CLI, "pool", "up", "--local", "--nodes", str(NODES), "--name", name,
+                         "--gpus-per-node", str(PER_NODE)], env=env, capture_output=True,
+                        text=True, timeout=240)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield _pool_of(home, name)
+    finally:
+        subprocess.run([*CLI, "pool", "down", name], env=env, capture_output=True, timeout=120)
+        assert not ray_local.processes(name), "the test pool's Ray processes outlived pool down"
+
+
+@pytest.fixture
+def rfleet(fleet: Fleet, ray_pool: RayPool) -> Iterator[Fleet]:
+    """A fleet whose default pool is the Ray cluster; afterwards no job process may be left on
+    the Ray nodes (they do not carry the fleet's GPUFLEET_HOME, but do carry GPUFLEET_JOB)."""
+    fleet.ok("pool", "add", "ray", "--address", ray_pool.address, timeout=90)
+    yield fleet
+    jobs = [j.name for j in (fleet.home / "jobs").iterdir()] if (fleet.home / "jobs").exists() \
+        else []
+    fleet.cleanup()
+    deadline = time.monotonic() + 20
+    while (left := _job_processes(jobs)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for p in left:
+        p.kill()
+    assert not left, f"job processes left on the Ray nodes: {[p.pid for p in left]}"
+
+
+def _job_processes(jobs: list[str]) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("GPUFLEET_JOB") in jobs and p.pid != os.getpid():
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _nodes(fleet: Fleet) -> list[dict[str, Any]]:
+    listing = fleet.json("pool", "list", "ray", "--json")
+    assert len(listing) == 1 and "nodes" in listing[0], listing
+    return listing[0]["nodes"]
+
+
+def _wait_healthy(fleet: Fleet, count: int, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(1 for n in _nodes(fleet) if n["health"] == "ok") >= count:
+            return
+        time.sleep(1.0)
+    pytest.fail(f"the Ray pool did not get back to {count} healthy nodes: {_nodes(fleet)}")
+
+
+def _events(fleet: Fleet, job: str) -> list[dict[str, Any]]:
+    return fleet.json("status", job, "--json").get("events", [])
+
+
+# ------------------------------------------------------------------------------ the pool itself
+
+
+def test_pool_list_shows_every_node_from_ray_resources_and_labels(rfleet: Fleet,
+                                                                    ray_pool: RayPool) -> None:
+    nodes = _nodes(rfleet)
+    assert [n["node"] for n in nodes] == ["head"] + [f"worker{i}" for i in range(1, NODES)]
+    for i, n in enumerate(nodes):
+        assert n["address"] == ray_pool.cfg.node_ip(i)
+        assert (n["gpu"], n["count"], n["free"]) == ("H100-SXM", PER_NODE, PER_NODE)
+        assert (n["fabric"], n["network"], n["health"]) == ("nvswitch", "infiniband", "ok")
+        assert n["simulated"] is True and n["memory_gb"] == 80
+    table = rfleet.ok("pool", "list").stdout
+    assert "Pool ray (default): ray" in table and "H100-SXM (simulated)" in table
+    assert "never billed" in table
+
+
+def test_pool_add_refuses_bad_input_with_one_line(fleet: Fleet) -> None:
+    for args, field in ((["pool", "add", "ray", "--address", "nohost"], "address"),
+                        (["pool", "add", "ray"], "address"),
+                        (["pool", "add", "slurm"], "kind"),
+                        (["pool", "up", "--local", "--nodes", "0"], "nodes"),
+                        (["pool", "up", "--nodes", "2"], "local"),
+                        (["pool", "use", "nope"], "pool"),
+                        (["pool", "add", "ray", "--address", "127.0.0.1:1"], "pool")):
+        r = fleet(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        lines = error_lines(r.stderr)
+        assert len(lines) == 1 and f"{field}:" in lines[0], (args, r.stderr)
+        assert "Traceback" not in r.stderr
+    assert "cannot reach the Ray cluster at 127.0.0.1:1" in fleet("pool", "add", "ray",
+                                                                  "--address", "127.0.0.1:1").stderr
+    assert fleet.json("pool", "list", "--json")[0]["pool"] == "local"  # nothing half-added
+
+
+# ------------------------------------------------------------------------------ allocation
+
+
+def test_launch_gang_allocates_whole_nodes_and_refuses_with_the_reason(rfleet: Fleet) -> None:
+    big = rfleet.json("launch", "--gpu", "H100", "--count", "4", "--nodes", "2", "--network",
+                      "infiniband", "--name", "big", "-y", "--json")
+    assert (big["count"], big["nodes"], big["topology"], big["pool"]) == (4, 2, "infiniband", "ray")
+    assert big["simulated"] is True and big["usd_per_hour"] == 0  # simulated: never billed
+    held = {n["node"]: n for n in _nodes(rfleet)}
+    used = sorted(k for k, n in held.items() if n["held_by"] == ["big"])
+    assert len(used) == 2 and all(held[k]["free"] == 0 for k in used)
+
+    # a second 2-node cluster: only one whole node is left -> refused at once, with the reason
+    t0 = time.monotonic()
+    r = rfleet("launch", "--gpu", "H100", "--count", "4", "--nodes", "2", "--network",
+               "infiniband", "--name", "big2", "-y")
+    assert r.returncode == 2 and time.monotonic() - t0 < 30
+    (line,) = error_lines(r.stderr)
+    assert "need 4 H100-SXM (2 on each of 2 node(s))" in line
+    assert "held whole by cluster big" in line
+
+    # one-node clusters pack onto the free node; none may use big's nodes
+    one = rfleet.json("launch", "--gpu", "H100", "--count", "1", "--name", "one", "-y", "--json")
+    two = rfleet.json("launch", "--gpu", "H100", "--count", "1", "--name", "two", "-y", "--json")
+    rows = {n["node"]: n for n in _nodes(rfleet)}
+    spare = next(k for k in rows if k not in used)
+    assert rows[spare]["held_by"] == ["one", "two"] and rows[spare]["free"] == 0
+    assert one["nodes"] == two["nodes"] == 1
+    r = rfleet("launch", "--gpu", "H100", "--count", "1", "--name", "three", "-y")
+    assert r.returncode == 2 and "held whole by cluster big" in r.stderr
+
+    # other types, fabrics and impossible shapes: refused naming the field
+    for args, text in ((["--gpu", "A100", "--count", "1"], "the pool has no A100-80GB"),
+                       (["--gpu", "H100", "--count", "4", "--nodes", "2", "--network",
+                         "ethernet"], "has no ethernet to other nodes"),
+                       (["--gpu", "H100", "--count", "16", "--nodes", "2"], "16 H100-SXM")):
+        r = rfleet("launch", *args, "-y")
+        assert r.returncode == 2 and len(error_lines(r.stderr)) == 1, (args, r.stderr)
+        assert text in r.stderr, (args, r.stderr)
+    rfleet.ok("stop", "big")
+    assert all(n["free"] == PER_NODE for n in _nodes(rfleet) if n["node"] in used)
+
+
+# ------------------------------------------------------------------------------ jobs
+
+
+def test_two_node_ddp_gpt_through_ray(rfleet: Fleet, ray_pool: RayPool) -> None:
+    r = rfleet("run", str(EXAMPLES / "gpt.py"), "--gpu", "H100", "--count", "4", "--nodes", "2",
+               "--network", "infiniband", "--name", "gpt2n", "-y", "--", "--steps", "24",
+               timeout=420)
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = rfleet.status("gpt2n")
+    assert st["status"] == "succeeded" and st["world_size"] == 4
+    assert st["loss"] < st["first_loss"] - 0.5, st  # it learned
+    job_dir = rfleet.home / "jobs" / "gpt2n"
+    log = (job_dir / "job.log").read_text()
+    assert "all-reduce check passed (10 == 10)" in log  # 0+1+2+3+4 over 4 ranks on 2 nodes
+    # lines carry (node, rank): the example prints from rank 0; torchrun speaks on each node
+    assert re.search(r"^\[head rank0\]:step 24/24 loss", log, re.M), log[-2000:]
+    assert "torchrun started on 2 node(s): head (" in log and "), worker1 (" in log
+    assert "step 24/24" in (job_dir / "logs" / "rank0.log").read_text()
+    plan = json.loads((job_dir / "ray-plan.json").read_text())
+    heads = [n for n in plan["nodes"] if "is_host=1" in n["argv"]]
+    assert len(plan["nodes"]) == 2 and len(heads) == 1
+    endpoint = plan["nodes"][1]["argv"][plan["nodes"][1]["argv"].index("--rdzv-endpoint") + 1]
+    assert endpoint.startswith(heads[0]["address"] + ":")
+    # device telemetry came from each node's agent
+    metrics = rfleet.json("status", "gpt2n", "--json")
+    assert metrics["status"] == "succeeded"
+    from sqlalchemy import text
+
+    store = Store(url=f"sqlite:///{rfleet.home / 'state.db'}")
+    with store.read() as s:
+        nodes = {n for (n,) in s.execute(text(
+            "select distinct node from metrics where job='gpt2n' and name='gpu_utilization'"))}
+    store.close()
+    assert nodes == {"head", "worker1"}
+    # the cluster made for the job is gone, its nodes free again
+    assert not rfleet.clusters()
+    assert all(n["free"] == PER_NODE for n in _nodes(rfleet))
+
+
+def test_ssh_reaches_head_and_workers_with_their_settings(rfleet: Fleet, ray_pool: RayPool) -> None:
+    rfleet.ok("launch", "--gpu", "H100", "--count", "4", "--nodes", "2", "--name", "box", "-y")
+    head = rfleet.ok("ssh", "box", "--", "env").stdout
+    worker = rfleet.ok("ssh", "box-worker1", "--", "env").stdout
+    assert "GPUFLEET_NODE=head" in head and "GPUFLEET_NODE=worker1" in worker
+    assert "GPUFLEET_CLUSTER=box" in worker and "GPUFLEET_BACKEND=gloo" in worker
+    r = rfleet("ssh", "box-worker5", "--", "true")
+    assert r.returncode == 2 and "workers up to box-worker1" in r.stderr
+
+
+def test_a_lost_node_fails_the_job_fast_and_a_restart_continues_on_a_replacement(
+        rfleet: Fleet, ray_pool: RayPool) -> None:
+    rfleet.ok("launch", "--gpu", "H100", "--count", "4", "--nodes", "2", "--network",
+              "infiniband", "--name", "surv", "-y")
+    rfleet.ok("run", "--cluster", "surv", "--name", "surv-job", "--max-restarts", "1", "-d",
+              str(EXAMPLES / "gpt.py"), "--", "--steps", "60", "--checkpoint-every", "10")
+    deadline = time.monotonic() + 240
+    while not any(e["kind"] == "checkpoint" for e in _events(rfleet, "surv-job")):
+        assert time.monotonic() < deadline, _events(rfleet, "surv-job")
+        time.sleep(1.0)
+    held = {n["node"] for n in _nodes(rfleet) if n["held_by"] == ["surv"]}
+    victim = sorted(held - {"head"})[0]
+    index = int(victim.removeprefix("worker"))
+    killed_at = time.time()
+    ray_local.kill_node(ray_pool.name, victim)
+    try:
+        deadline = time.monotonic() + 300
+        while (st := rfleet.status("surv-job"))["status"] in ("starting", "running", "restarting"):
+            assert time.monotonic() < deadline, st
+            time.sleep(1.0)
+        events = _events(rfleet, "surv-job")
+        kinds = [e["kind"] for e in events]
+        failed = next(e for e in events if e["kind"] == "worker_failed")
+        assert f"NodeLostError: node {victim}" in failed["reason"]
+        assert failed["time"] - killed_at < 30, "the job noticed the lost node too late"
+        replaced = next(e for e in events if e["kind"] == "node_replaced")
+        assert f"node {victim} lost; replaced by node" in replaced["reason"]
+        assert "resumed" in kinds and st["status"] == "succeeded", (st, kinds)
+        assert st["step"] == 60
+    finally:
+        ray_local.start_node(ray_pool.cfg, index)  # the pool whole again for later tests
+        _wait_healthy(rfleet, NODES)
+
+
+# ------------------------------------------------------------------------------ sim pools
+
+
+def test_sim_pool_of_16000_gpus_plans_and_reserves_but_never_runs(fleet: Fleet) -> None:
+    fleet.ok("pool", "add", "sim", "--name", "fleet", "--shape", "1000xH100:8",
+             "--shape", "600xA100:8", "--shape", "400xRTX4090:4:ethernet")
+    listing = fleet.json("pool", "list", "fleet", "--json")[0]
+    assert sum(n["count"] for n in listing["nodes"]) == 8000 + 4800 + 1600
+    assert all(n["simulated"] for n in listing["nodes"])
+    table = fleet.ok("pool", "list", "fleet").stdout
+    assert "1000 nodes" in table  # large pools are listed as groups
+    c = fleet.json("launch", "--gpu", "H100", "--count", "64", "--name", "huge", "-y", "--json")
+    assert (c["nodes"], c["topology"], c["simulated"], c["usd_per_hour"]) == (
+        8, "infiniband", True, 0)
+    r = fleet("run", "--cluster", "huge", str(EXAMPLES / "gpt.py"))
+    assert r.returncode == 2 and "a simulated pool only plans and reserves" in r.stderr
+    r = fleet("launch", "--gpu", "RTX4090", "--count", "8", "--nodes", "2", "--network",
+              "infiniband", "-y")
+    assert r.returncode == 2 and "has no infiniband to other nodes" in r.stderr
+    fleet.ok("pool", "use", "local")
+    local = fleet.json("launch", "--gpu", "cpu", "--count", "1", "-y", "--json")
+    assert local["pool"] == "local"
+    r = fleet("pool", "remove", "fleet")
+    assert r.returncode == 2 and "stop them first" in r.stderr

@@ -1,0 +1,88 @@
+"""clusters.launch and clusters.heal on a pool of several nodes, against a real SQLite file: a
+multi-node cluster holds whole nodes, a lost node is replaced by a free whole node of the same
+group, and with none free the cluster goes on smaller, its cost banked at the old rate."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from gpufleet import clusters
+from gpufleet.errors import AllocationError
+from gpufleet.pool.model import Device, Node
+from gpufleet.spec import ClusterSpec
+from gpufleet.store import Store
+
+
+def _node(name: str, network: str = "infiniband", simulated: bool = False) -> Node:
+    devices = tuple(Device(id=f"gpu{i}", index=i, gpu="H100-SXM", memory_bytes=80 * 10**9,
+                           simulated=simulated) for i in range(2))
+    return Node(name, f"10.0.0.{len(name)}", devices, gpu_fabric="nvswitch",
+                inter_fabric=network, free_disk_bytes=1 << 40)
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    monkeypatch.setenv("GPUFLEET_HOME", str(tmp_path / "home"))
+    return Store(url=f"sqlite:///{tmp_path}/s.db")
+
+
+def _spec(name: str, count: int = 4, nodes: int | None = 2) -> ClusterSpec:
+    return ClusterSpec.parse({"name": name, "gpu": "H100", "count": count, "nodes": nodes,
+                              "network": "infiniband", "backend": "ray", "pool": "p"})
+
+
+def _held_nodes(store: Store, name: str) -> list[str]:
+    return [p.node_id for p in clusters.placements(store, clusters.get(store, name))]
+
+
+def test_a_multi_node_cluster_holds_its_nodes_whole(store: Store) -> None:
+    nodes = [_node("a"), _node("b"), _node("c")]
+    c = clusters.launch(store, _spec("big", count=2), nodes, pool="p")  # 1 device per node
+    assert (c.nodes, c.count, c.network) == (2, 2, "infiniband")
+    assert _held_nodes(store, "big") == ["a", "b"]
+    one = clusters.launch(store, _spec("one", count=1, nodes=1), nodes, pool="p")
+    assert _held_nodes(store, one.name) == ["c"]  # not the spare devices of a or b
+    with pytest.raises(AllocationError, match="held whole by cluster big"):
+        clusters.launch(store, _spec("two", count=2, nodes=1), nodes, pool="p")
+
+
+def test_pools_do_not_see_each_others_reservations(store: Store) -> None:
+    nodes = [_node("a"), _node("b")]
+    clusters.launch(store, _spec("x"), nodes, pool="p")
+    other = _spec("y").model_copy(update={"pool": "q"})
+    assert clusters.launch(store, other, nodes, pool="q").nodes == 2  # same names, other pool
+
+
+def test_simulated_devices_are_quoted_but_never_billed(store: Store) -> None:
+    nodes = [_node("a", simulated=True), _node("b", simulated=True)]
+    c = clusters.launch(store, _spec("sim"), nodes, pool="p")
+    assert c.simulated and c.usd_per_hour == 0 and c.price_book is None
+    real = clusters.launch(store, _spec("real"), [_node("c"), _node("d")], pool="p")
+    assert not real.simulated and real.usd_per_hour > 0
+
+
+def test_a_lost_node_is_replaced_by_a_free_whole_node(store: Store) -> None:
+    nodes = [_node("a"), _node("b"), _node("c"), _node("d", network="ethernet")]
+    c = clusters.launch(store, _spec("big"), nodes, pool="p")
+    seen = [dataclasses.replace(n, healthy=False) if n.id == "b" else n for n in nodes]
+    c, notes = clusters.heal(store, c, seen)
+    assert notes == ["node b lost; replaced by node c (10.0.0.1)"]
+    assert _held_nodes(store, "big") == ["a", "c"]  # not d: another network
+    assert (c.nodes, c.count) == (2, 4)
+    assert clusters.heal(store, c, seen)[1] == []  # nothing more to do
+
+
+def test_with_no_free_node_the_cluster_goes_on_smaller_and_banks_its_cost(store: Store) -> None:
+    nodes = [_node("a"), _node("b")]
+    c = clusters.launch(store, _spec("big"), nodes, pool="p")
+    rate = c.usd_per_hour
+    assert rate > 0
+    c, notes = clusters.heal(store, c, [nodes[0]])  # b left the Ray cluster
+    assert len(notes) == 1 and notes[0].startswith("node b lost; no replacement")
+    assert (c.nodes, c.count) == (1, 2) and _held_nodes(store, "big") == ["a"]
+    assert 0 < c.usd_per_hour < rate and c.rate_since is not None
+    with pytest.raises(AllocationError, match="every node of big is lost"):
+        clusters.heal(store, c, [])
