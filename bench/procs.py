@@ -26,14 +26,24 @@ def cli(env: dict[str, str], *args: str, timeout: float = 300) -> str:
 def stop_pool(env: dict[str, str], pool: str) -> list[str]:
     """`gpufleet pool down POOL`, then anything of the pool still alive (ended by pid, and
     reported: it would be a gpufleet bug)."""
+    from gpufleet import pools
     from gpufleet.backends import ray_local
     from gpufleet.backends.local import terminate
+    from gpufleet.errors import NotFoundError
+    from gpufleet.store import Store
 
+    store = Store(url=f"sqlite:///{Path(env['GPUFLEET_HOME']) / 'state.db'}")
+    try:
+        cfg = ray_local.LocalRay.from_json(pools.get(store, pool).spec_json)
+    except NotFoundError:  # `up` failed: it already ended what it started
+        return []
+    finally:
+        store.close()
     try:
         cli(env, "pool", "down", pool, timeout=120)
-    except RuntimeError as exc:  # `up` failed: it already ended what it started
+    except RuntimeError as exc:
         print(f"pool down: {str(exc).splitlines()[0]}", file=sys.stderr)
-    left = ray_local.processes(pool)
+    left = ray_local.processes(cfg)
     ended = [f"{p.pid} {p.name()}" for p in left]
     terminate(left, 3.0)
     if ended:

@@ -527,7 +527,7 @@ def pool_up(
         pools.add(store, name, "ray", cfg.address, json.loads(cfg.to_json()), not no_default,
                   managed=True)
     except BaseException:
-        ray_local.stop(name)
+        ray_local.stop(cfg)
         raise
     sim = "" if gtype.is_cpu else " simulated"
     out.print(f"Pool [bold]{name}[/]: Ray cluster at {cfg.address}, {nodes} node(s) x "
@@ -548,20 +548,21 @@ def pool_down(name: Annotated[str, typer.Argument(help="A pool started by pool u
         raise ConflictError(f"pool: '{name}' was not started by gpufleet; forget it with "
                             f"gpufleet pool remove {name} (its Ray cluster is left running)")
     pools.remove(store, name)
-    ended = ray_local.stop(name)
+    ended = ray_local.stop(ray_local.LocalRay.from_json(pool.spec_json))
     out.print(f"Pool {name} stopped ({ended} Ray process(es) ended).")
 
 
 @pool_app.command("remove")
 def pool_remove(name: Annotated[str, typer.Argument(help="Pool name.")]) -> None:
-    """Forget a pool (a Ray cluster it points to keeps running)."""
+    """Forget a pool. A Ray cluster it points to keeps running, unless `pool up --local`
+    started it: that one is stopped too."""
     from gpufleet import pools
 
     pool = pools.remove(_store(), name)
     if pool.managed:
         from gpufleet.backends import ray_local
 
-        ray_local.stop(name)
+        ray_local.stop(ray_local.LocalRay.from_json(pool.spec_json))
     out.print(f"Pool {name} removed.")
 
 

@@ -65,8 +65,9 @@ def ray_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayPool]:
     try:
         yield _pool_of(home, name)
     finally:
+        cfg = _pool_of(home, name).cfg
         subprocess.run([*CLI, "pool", "down", name], env=env, capture_output=True, timeout=120)
-        assert not ray_local.processes(name), "the test pool's Ray processes outlived pool down"
+        assert not ray_local.processes(cfg), "the test pool's Ray processes outlived pool down"
 
 
 @pytest.fixture
@@ -257,7 +258,7 @@ def test_a_lost_node_fails_the_job_fast_and_a_restart_continues_on_a_replacement
     victim = sorted(held - {"head"})[0]
     index = int(victim.removeprefix("worker"))
     killed_at = time.time()
-    ray_local.kill_node(ray_pool.name, victim)
+    ray_local.kill_node(ray_pool.cfg, victim)
     try:
         deadline = time.monotonic() + 300
         while (st := rfleet.status("surv-job"))["status"] in ("starting", "running", "restarting"):

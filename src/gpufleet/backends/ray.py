@@ -117,8 +117,11 @@ def connect(address: str) -> Any:
     """`ray.init` to an existing cluster from this process, once; returns the module. Ray's own
     start-up chatter is kept off the terminal."""
     os.environ.update(client_env())
-    import ray
-
+    try:
+        import ray
+    except ImportError:
+        raise ConflictError("pool: Ray is not installed here; install gpufleet's [ray] extra "
+                            "(pip install 'ray[train]==2.60.0')") from None
     if ray.is_initialized():
         return ray
     why = reachable(address)

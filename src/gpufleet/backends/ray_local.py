@@ -7,7 +7,8 @@ on loopback. Each node declares its devices as `gpufleet_gpu` resources and labe
 simulated (CPU workers with gloo) unless the type is cpu.
 
 Ray's processes daemonize, so we find ours again by an environment marker each inherits
-(`GPUFLEET_RAY_POOL`, `GPUFLEET_RAY_NODE`) and end exactly those pids: never `ray stop`, which
+(`GPUFLEET_RAY_POOL`, `GPUFLEET_RAY_NODE`: the pool's name and head address, so two pools of one
+name in different state folders stay apart) and end exactly those pids: never `ray stop`, which
 ends every Ray process of the user.
 """
 
@@ -68,6 +69,11 @@ class LocalRay:
     def node_ip(self, i: int) -> str:
         return f"{self.head_ip.rsplit('.', 1)[0]}.{i + 1}"
 
+    @property
+    def mark(self) -> str:
+        """What the pool's processes carry in their environment: unique while it runs."""
+        return f"{self.name}@{self.address}"
+
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
 
@@ -87,16 +93,17 @@ def free_port(ip: str) -> int:
         return int(probe.getsockname()[1])
 
 
-def temp_dir(name: str) -> Path:
+def temp_dir(cfg: LocalRay) -> Path:
     """Ray's session folder; short, because Ray puts unix sockets in it (108-byte limit)."""
-    return Path(tempfile.gettempdir()) / f"gpufleet-ray-{os.getuid()}-{name}"
+    return Path(tempfile.gettempdir()) / f"gpufleet-ray-{os.getuid()}-{cfg.name}-{cfg.port}"
 
 
 def _ray_exe() -> str:
     beside = Path(sys.executable).with_name("ray")
     found = str(beside) if beside.exists() else shutil.which("ray")
     if not found:
-        raise ConflictError("pool: the `ray` command is not installed; pip install 'ray[default]'")
+        raise ConflictError("pool: the `ray` command is not installed; install gpufleet's [ray] extra "
+                            "(pip install 'ray[train]==2.60.0')")
     return found
 
 
@@ -108,14 +115,14 @@ def node_argv(cfg: LocalRay, i: int) -> list[str]:
             "--resources", json.dumps({RESOURCE: cfg.per_node}),
             "--labels", ",".join(f"{k}={v}" for k, v in labels.items()),
             "--object-store-memory", str(100 * 2**20), "--disable-usage-stats",
-            "--temp-dir", str(temp_dir(cfg.name))]
+            "--temp-dir", str(temp_dir(cfg))]
     if i == 0:
         return [*argv, "--head", "--port", str(cfg.port), "--include-dashboard", "false"]
     return [*argv, "--address", cfg.address]
 
 
 def _env(cfg: LocalRay, i: int) -> dict[str, str]:
-    return {**os.environ, POOL_MARK: cfg.name, NODE_MARK: f"{cfg.name}/{cfg.node_name(i)}",
+    return {**os.environ, POOL_MARK: cfg.mark, NODE_MARK: f"{cfg.mark}/{cfg.node_name(i)}",
             "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
 
 
@@ -141,18 +148,18 @@ def start(cfg: LocalRay, on_node: Any = None) -> None:
             if on_node is not None:
                 on_node(cfg.node_name(i), cfg.node_ip(i))
     except BaseException:
-        stop(cfg.name)
+        stop(cfg)
         raise
 
 
-def processes(pool: str, node: str | None = None) -> list[psutil.Process]:
+def processes(cfg: LocalRay, node: str | None = None) -> list[psutil.Process]:
     """This user's processes carrying the pool's marker (of one node, if given), and their
     descendants.
 
     The environment is read as raw bytes, and children are taken by descent: Ray's agents
     (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`) rename themselves by writing over their
     environment block, so the marker they inherited may be gone from it."""
-    key, value = (NODE_MARK, f"{pool}/{node}") if node else (POOL_MARK, pool)
+    key, value = (NODE_MARK, f"{cfg.mark}/{node}") if node else (POOL_MARK, cfg.mark)
     needle = f"\0{key}={value}\0".encode()
     found = []
     for p in psutil.process_iter():
@@ -168,22 +175,22 @@ def processes(pool: str, node: str | None = None) -> list[psutil.Process]:
     return found
 
 
-def stop(pool: str, grace_s: float = 5.0) -> int:
+def stop(cfg: LocalRay, grace_s: float = 5.0) -> int:
     """End the pool's processes: SIGTERM, SIGKILL after `grace_s`; how many there were."""
-    procs = processes(pool)
+    procs = processes(cfg)
     terminate(procs, grace_s)
-    shutil.rmtree(temp_dir(pool), ignore_errors=True)
+    shutil.rmtree(temp_dir(cfg), ignore_errors=True)
     return len(procs)
 
 
-def kill_node(pool: str, node: str) -> int:
+def kill_node(cfg: LocalRay, node: str) -> int:
     """SIGKILL one node's raylet, as a machine failure looks to the rest of the cluster; the
     node's other processes go with it (Ray's workers exit when their raylet dies; the rest are
     ended here). Returns the raylet's pid."""
-    procs = processes(pool, node)
+    procs = processes(cfg, node)
     raylet = [p for p in procs if p.name() == "raylet"]
     if not raylet:
-        raise ConflictError(f"pool: node {node} of pool {pool} has no raylet running")
+        raise ConflictError(f"pool: node {node} of pool {cfg.name} has no raylet running")
     for p in raylet + [p for p in procs if p not in raylet]:
         with contextlib.suppress(psutil.Error):
             p.kill()
