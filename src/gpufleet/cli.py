@@ -24,7 +24,7 @@ from rich.text import Text
 from sqlalchemy import select
 
 from gpufleet import catalog, clusters
-from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
+from gpufleet.errors import AllocationError, ConflictError, GpufleetError, NotFoundError, SpecError
 from gpufleet.parallelism import Layout
 from gpufleet.plan import cost
 from gpufleet.pool.model import Placement
@@ -212,7 +212,13 @@ def _launch(store: Store, spec: ClusterSpec, yes: bool, cpu_slots: int | None,
     pool = pools.resolve(store, spec.pool, spec.backend)
     nodes = pools.backend_for(pool, cpu_slots).discover()
     # refuse before quoting what cannot be had
-    alloc = clusters.check(store, spec, nodes, pool.name if pool else None)
+    try:
+        alloc = clusters.check(store, spec, nodes, pool.name if pool else None)
+    except AllocationError as exc:
+        if pool is None:
+            raise
+        raise AllocationError(f"{exc} [pool {pool.name}; this host's devices: --pool local, or "
+                              "gpufleet pool use local]") from None
     network = clusters.network_of(spec, alloc, nodes)
     q = clusters.quote_for(spec, network, clusters.is_simulated(alloc))
     if not quiet:

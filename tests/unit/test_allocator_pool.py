@@ -12,7 +12,7 @@ import random
 import pytest
 
 from gpufleet.errors import AllocationError
-from gpufleet.pool.allocate import Allocator, allocate, node_counts
+from gpufleet.pool.allocate import Allocator, _summarized, allocate, node_counts
 from gpufleet.pool.model import Allocation, Device, Node
 
 GPU = "H100-SXM"
@@ -333,19 +333,20 @@ def test_whole_through_the_one_shot_form() -> None:
 # ---------------------------------------------------------------- refusal text
 
 
-def test_refusal_lists_eight_nodes_and_counts_the_rest() -> None:
+def test_refusal_says_a_reason_shared_by_many_nodes_once_with_their_count() -> None:
     nodes = [mk(f"n{i:02d}", 2) for i in range(11)]
     msg = refused(Allocator(nodes), GPU, 4, 1, None)
     assert "22 free" in msg
-    named = [f"n{i:02d}" for i in range(11) if f"node n{i:02d} has 2 of 2" in msg]
-    assert len(named) == 8
-    assert msg.endswith("and 3 more node(s)")
+    assert "11 nodes (n00, n01, n02, ...): has 2 of 2 H100-SXM free" in msg
+    assert msg.count("has 2 of 2") == 1
 
 
-def test_refusal_with_exactly_eight_reasons_has_no_tail() -> None:
-    msg = refused(Allocator([mk(f"n{i}", 2) for i in range(8)]), GPU, 4, 1, None)
-    assert "more node(s)" not in msg
-    assert msg.count("has 2 of 2") == 8
+def test_refusal_keeps_two_nodes_apart_and_caps_many_distinct_reasons() -> None:
+    msg = refused(Allocator([mk("n1", 2), mk("n2", 2)]), GPU, 4, 1, None)
+    assert "node n1 has 2 of 2" in msg and "node n2 has 2 of 2" in msg
+    reasons = [f"node m{i} has {i} of 9 H100-SXM free" for i in range(10)]
+    listed = _summarized(reasons)
+    assert listed[:8] == reasons[:8] and listed[8:] == ["and 2 more"]
 
 
 def test_refusal_for_unknown_type_names_what_there_is() -> None:

@@ -269,9 +269,7 @@ class Allocator:
             kinds = sorted({g for _, g in self.state})
             return f"{head}: the pool has no {gpu}; it has: {', '.join(kinds) or 'nothing'}"
         why_not = [w for w in (self._reason(st, per, network, n > 1 or whole) for st in mine) if w]
-        listed = why_not[:_LISTED_REASONS]
-        if len(why_not) > len(listed):
-            listed.append(f"and {len(why_not) - len(listed)} more node(s)")
+        listed = _summarized(why_not)
         groups: dict[GroupKey, int] = {}
         for st in mine:
             if self._reason(st, per, network, n > 1 or whole) is None:
@@ -281,6 +279,25 @@ class Allocator:
             listed.insert(0, f"at most {best} node(s) of one fabric could take {per}, fewer "
                           f"than the {n} needed")
         return f"{head}: {'; '.join(listed)}"
+
+
+def _summarized(reasons: list[str]) -> list[str]:
+    """Per-node reasons, the same reason for three nodes or more said once with its count, at
+    most _LISTED_REASONS entries: a refusal on a 2,000-node pool stays one readable line."""
+    by_text: dict[str, list[str]] = {}
+    for why in reasons:
+        _, node, text = why.split(" ", 2) if why.startswith("node ") else ("", "", why)
+        by_text.setdefault(text, []).append(node)
+    out: list[str] = []
+    for text, nodes in by_text.items():
+        if len(nodes) >= 3 and all(nodes):
+            shown = ", ".join(nodes[:3]) + (", ..." if len(nodes) > 3 else "")
+            out.append(f"{len(nodes)} nodes ({shown}): {text}")
+        else:
+            out += [f"node {nd} {text}" if nd else text for nd in nodes]
+    if len(out) > _LISTED_REASONS:
+        out = [*out[:_LISTED_REASONS], f"and {len(out) - _LISTED_REASONS} more"]
+    return out
 
 
 def allocate(gpu: str, count: int, nodes_wanted: int | None, network: str | None,
