@@ -369,7 +369,9 @@ def _here(address: str) -> bool:
     """Whether `address` is this machine (loopback, or one of its interfaces)."""
     import psutil
 
-    if address.startswith("127.") or address in ("localhost", "::1"):
+    from gpufleet.backends.ray import is_loopback
+
+    if is_loopback(address):
         return True
     return any(a.address == address for addrs in psutil.net_if_addrs().values() for a in addrs)
 
@@ -494,6 +496,7 @@ def pool_up(
     whose nodes declare simulated GPUs that run as CPU workers with gloo, and add it as a pool."""
     from gpufleet import pools
     from gpufleet.backends import ray_local
+    from gpufleet.backends.local import free_port
     from gpufleet.pool.model import FABRIC_LEVEL
 
     problems = []
@@ -524,7 +527,7 @@ def pool_up(
     cfg = ray_local.LocalRay(
         name=name, nodes=nodes, gpu=gtype.name, per_node=gpus_per_node,
         fabric=fabric or ("pcie" if gtype.is_cpu else gtype.node_fabric), network=network,
-        head_ip=head_ip, port=ray_local.free_port(head_ip))
+        head_ip=head_ip, port=free_port(head_ip))
     started = time.monotonic()
     ray_local.start(cfg, on_node=lambda node, ip: err.print(
         f"  started {node} at {ip} ({time.monotonic() - started:.1f} s)"))

@@ -196,17 +196,20 @@ def heal(store: Store, cluster: Cluster, nodes: list[Node]) -> tuple[Cluster, li
         if not mine:
             raise AllocationError(f"cluster: every node of {c.name} is lost and none is free "
                                   "to replace them")
-        if len(mine) * per != c.count:  # fewer nodes: bank the cost so far, then the new rate
-            now = time.time()
-            c.banked_usd = cost.accrued_usd(c.usd_per_hour, c.started_at, None, now,
-                                            c.banked_usd or 0.0, c.rate_since)
-            c.rate_since = now
-            rate = cost.cluster_rate(c.gpu, len(mine) * per, c.network, c.price_book) \
-                if c.price_book else None
-            c.usd_per_hour = rate.usd_per_hour if rate is not None else 0.0
+        if len(mine) * per != c.count:  # fewer nodes
+            _rebill(c, len(mine) * per, time.time())
         c.nodes = len(mine)
         c.count = c.nodes * per
         return c, notes
+
+
+def _rebill(c: Cluster, count: int, now: float) -> None:
+    """The cluster changes size at `now`: bank the cost at the old rate, then bill `count`."""
+    c.banked_usd = cost.accrued_usd(c.usd_per_hour, c.started_at, None, now,
+                                    c.banked_usd or 0.0, c.rate_since)
+    c.rate_since = now
+    rate = cost.cluster_rate(c.gpu, count, c.network, c.price_book) if c.price_book else None
+    c.usd_per_hour = rate.usd_per_hour if rate is not None else 0.0
 
 
 def free_count(store: Store, cluster: Cluster, nodes: list[Node]) -> int:
@@ -244,11 +247,7 @@ def resize(store: Store, cluster_id: int, count: int, nodes: list[Node]) -> Clus
             for d in sorted(free, key=lambda d: d.index)[:need]:
                 s.add(Reservation(cluster_id=c.id, node_id=rows[0].node_id,
                                   address=rows[0].address, device_id=d.id, device_index=d.index))
-        c.banked_usd = cost.accrued_usd(c.usd_per_hour, c.started_at, None, now,
-                                        c.banked_usd or 0.0, c.rate_since)
-        c.rate_since = now
-        rate = cost.cluster_rate(c.gpu, count, c.network, c.price_book) if c.price_book else None
-        c.usd_per_hour = rate.usd_per_hour if rate is not None else 0.0
+        _rebill(c, count, now)
         c.count = count
         return c
 

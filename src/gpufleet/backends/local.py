@@ -10,6 +10,7 @@ import ctypes
 import os
 import shutil
 import signal as signals
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,7 +155,7 @@ class LocalBackend:
         """
         proc = subprocess.Popen(
             argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_term_on_parent_death,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=term_on_parent_death,
         )
         return Handle(proc)
 
@@ -200,7 +201,7 @@ class LocalBackend:
 _PR_SET_PDEATHSIG = 1
 
 
-def _term_on_parent_death() -> None:
+def term_on_parent_death() -> None:
     """Runs in the child between fork and exec (Linux): ask for SIGTERM when the parent dies."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signals.SIGTERM, 0, 0, 0)
@@ -214,6 +215,14 @@ def send_signal(procs: list[Any], sig: int) -> None:
             p.send_signal(sig)
         except psutil.Error:
             pass  # already gone
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (an empty host: any address of this machine), for a
+    launcher or server that must be told its port before it starts."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 def terminate(procs: list[Any], grace_s: float) -> None:

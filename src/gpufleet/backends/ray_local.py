@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -85,12 +84,6 @@ class LocalRay:
 def subnet_for(name: str) -> str:
     """127.0.P for a pool name: pools of different names on one machine do not collide."""
     return f"127.0.{1 + zlib.crc32(name.encode()) % 250}"
-
-
-def free_port(ip: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((ip, 0))
-        return int(probe.getsockname()[1])
 
 
 def temp_dir(cfg: LocalRay) -> Path:

@@ -21,7 +21,6 @@ supervisor's report address, as workers send their reports.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import re
@@ -34,6 +33,8 @@ import time
 from collections import deque
 from pathlib import Path
 from typing import Any
+
+from gpufleet.backends.local import term_on_parent_death
 
 NODE_LOST_EXIT = 75  # EX_TEMPFAIL: the job may run again on other nodes
 PLACE_FAILED_EXIT = 70
@@ -61,7 +62,7 @@ class NodeAgent:
         self.proc = subprocess.Popen(
             argv, env={**os.environ, **env}, cwd=cwd, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_term_on_parent_death)
+            preexec_fn=term_on_parent_death)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         threading.Thread(target=self._sample, args=(sampling,), daemon=True).start()
@@ -132,14 +133,6 @@ class NodeAgent:
                         sock.sendto(json.dumps(rec).encode(), (host, int(port)))
         except Exception:  # see the docstring
             return
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _term_on_parent_death() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def tag(node: str, line: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
-import socket
 import sys
 import threading
 from typing import Any, TextIO
@@ -106,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     # Its GCS port is chosen here and given to its workers as RAY_ADDRESS: Ray Train's own
     # helpers (the placement-group cleaner) otherwise look for "the" local Ray by listing
     # processes, and fail when another Ray (a gpufleet pool, another user's) runs on the machine.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((_LOOPBACK, 0))
-        gcs_port = probe.getsockname()[1]
+    from gpufleet.backends.local import free_port
+
+    gcs_port = free_port(_LOOPBACK)
     os.environ["RAY_GCS_SERVER_PORT"] = str(gcs_port)
     ray.init(address="local", _node_ip_address=_LOOPBACK, include_dashboard=False,
              num_cpus=max(args.workers + 1, os.cpu_count() or 1),

@@ -220,8 +220,6 @@ class Allocator:
             back = [d for d in st.node.devices if d.id in ids]
             st.free = sorted(st.free + back, key=lambda d: d.index)
             st.holders.discard(holder)
-            if st.exclusive == holder:
-                st.exclusive = None
             self._index(st)
 
     # -- refusals -----------------------------------------------------------------------------
@@ -268,12 +266,15 @@ class Allocator:
         if not mine:
             kinds = sorted({g for _, g in self.state})
             return f"{head}: the pool has no {gpu}; it has: {', '.join(kinds) or 'nothing'}"
-        why_not = [w for w in (self._reason(st, per, network, n > 1 or whole) for st in mine) if w]
-        listed = _summarized(why_not)
-        groups: dict[GroupKey, int] = {}
+        why_not: list[str] = []
+        groups: dict[GroupKey, int] = {}  # nodes that could take their share, per group
         for st in mine:
-            if self._reason(st, per, network, n > 1 or whole) is None:
+            why = self._reason(st, per, network, n > 1 or whole)
+            if why is None:
                 groups[self._group(st)] = groups.get(self._group(st), 0) + 1
+            else:
+                why_not.append(why)
+        listed = _summarized(why_not)
         if groups:  # nodes fit alone, but too few of one GPU type and one fabric together
             best = max(groups.values())
             listed.insert(0, f"at most {best} node(s) of one fabric could take {per}, fewer "

@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from gpufleet import clusters
-from gpufleet.backends.local import Handle, kill
+from gpufleet.backends.local import Handle, free_port, kill
 from gpufleet.backends.ray_run import NODE_LOST_EXIT
 from gpufleet.errors import GpufleetError
 from gpufleet.launch import frameworks
@@ -243,7 +243,7 @@ class Supervisor:
         if self.on_ray:
             cmd = self._ray_command(spec, layout, placements, ctx)
         else:
-            cmd = frameworks.build(spec, layout, placement, ctx, port=_free_port())
+            cmd = frameworks.build(spec, layout, placement, ctx, port=free_port())
         env = merge_env(dict(os.environ), {**cmd.env, **self._survive_env(job_dir)}, spec.env)
         for file_name, content in cmd.files.items():  # generated framework configs
             (job_dir / file_name).write_text(content)
@@ -293,7 +293,7 @@ class Supervisor:
         head = placements[0].address
         loopback = _loopback(head)
         plan = multinode.plan(
-            spec, layout, placements, nodes, ctx, port=_free_port(head if loopback else ""),
+            spec, layout, placements, nodes, ctx, port=free_port(head if loopback else ""),
             run_id=f"{self.job.name}-{self.runs}",
             user_env={**self._survive_env(job_dir), **spec.env}, ready_timeout_s=60.0,
             address=self.backend.address, loopback=loopback,
@@ -750,14 +750,6 @@ def _opt(kind: type[int] | type[float], value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"not a number: {value!r}")
     return kind(value)
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now, for launchers that need one named (Accelerate, the head
-    of a multi-node job). An empty host: any address of this machine."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
 
 
 def _loopback(address: str) -> bool:
