@@ -442,12 +442,17 @@ def pool_add(
     shape: Annotated[list[str] | None, typer.Option(
         "--shape", help="sim: NODESxGPU:PER_NODE[:NETWORK], repeatable, e.g. 1000xH100:8")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Pool name [default: the kind].")] = None,
+    token_file: Annotated[Path | None, typer.Option(
+        "--token-file", help="ray: the cluster's auth token (`ray get-auth-token` on the head) "
+        "[default: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token]; a copy is "
+        "kept with the pool.")] = None,
     no_default: Annotated[bool, typer.Option(
         "--no-default", help="Keep the current default pool.")] = False,
 ) -> None:
     """Register a pool; it becomes the default for launch and run unless --no-default."""
     from gpufleet import pools
-    from gpufleet.backends import sim
+    from gpufleet.backends import ray_auth, sim
+    from gpufleet.store import gpufleet_home
 
     if kind not in ("ray", "sim"):
         raise SpecError([("kind", f"'{kind}' is not allowed; allowed: ray, sim (this host is "
@@ -458,16 +463,28 @@ def pool_add(
         if address is None or shape:
             raise SpecError([("address", "a Ray pool needs --address HOST:PORT (and no --shape)")])
         pools.check_address(address)
+        pools.check_free_name(store, pool_name)
         from gpufleet.backends.ray import RayBackend
 
-        found = RayBackend(pool_name, address).discover()  # reachable, and what it has
-        pools.add(store, pool_name, "ray", address, {}, not no_default)
+        given = ray_auth.given_token(token_file, os.environ, Path.home())
+        path = None if given is None else ray_auth.save_token(
+            ray_auth.pool_token_path(gpufleet_home(), pool_name), given.token)
+        try:  # reachable, the token accepted, and what it has
+            found = RayBackend(pool_name, address, path,
+                               token_source=given.source if given else None).discover()
+            pools.add(store, pool_name, "ray", address,
+                      {"token_file": str(path)} if path else {}, not no_default)
+        except BaseException:
+            if path is not None:
+                ray_auth.forget(path)
+            raise
         live = sum(1 for n in found if n.healthy)
         out.print(f"Pool [bold]{pool_name}[/]: Ray cluster at {address}, {live} live node(s), "
                   f"{sum(len(n.devices) for n in found if n.healthy)} device(s).")
     else:
-        if address is not None:
-            raise SpecError([("address", "a sim pool has no address; give --shape")])
+        if address is not None or token_file is not None:
+            field = "address" if address is not None else "token_file"
+            raise SpecError([(field, f"a sim pool has no {field.replace('_', ' ')}; give --shape")])
         shapes = sim.parse_shapes(shape or [])
         pools.add(store, pool_name, "sim", None, {"shapes": [x.text() for x in shapes]},
                   not no_default)
@@ -495,9 +512,10 @@ def pool_up(
     """Start a real multi-node Ray cluster here (one raylet per node on its own 127.x address)
     whose nodes declare simulated GPUs that run as CPU workers with gloo, and add it as a pool."""
     from gpufleet import pools
-    from gpufleet.backends import ray_local
+    from gpufleet.backends import ray_auth, ray_local
     from gpufleet.backends.local import free_port
     from gpufleet.pool.model import FABRIC_LEVEL
+    from gpufleet.store import gpufleet_home
 
     problems = []
     if not local:
@@ -527,12 +545,13 @@ def pool_up(
     cfg = ray_local.LocalRay(
         name=name, nodes=nodes, gpu=gtype.name, per_node=gpus_per_node,
         fabric=fabric or ("pcie" if gtype.is_cpu else gtype.node_fabric), network=network,
-        head_ip=head_ip, port=free_port(head_ip))
+        head_ip=head_ip, port=free_port(head_ip),
+        token_file=str(ray_auth.pool_token_path(gpufleet_home(), name)))
     started = time.monotonic()
     ray_local.start(cfg, on_node=lambda node, ip: err.print(
         f"  started {node} at {ip} ({time.monotonic() - started:.1f} s)"))
     try:
-        ray_local.wait_nodes(cfg.address, nodes)
+        ray_local.wait_nodes(cfg)
         pools.add(store, name, "ray", cfg.address, json.loads(cfg.to_json()), not no_default,
                   managed=True)
     except BaseException:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -126,6 +127,11 @@ def remove(store: Store, name: str) -> Pool:
         row = s.get(Pool, pool.id)
         if row is not None:
             s.delete(row)
+    path = token_path(pool)
+    if path is not None and not pool.managed:  # a managed pool's goes when its Ray stops
+        from gpufleet.backends import ray_auth
+
+        ray_auth.forget(path)
     return pool
 
 
@@ -142,7 +148,13 @@ def backend_for(pool: Pool | None, cpu_slots: int | None = None) -> Any:
     from gpufleet.backends.ray import RayBackend
 
     assert pool.address is not None
-    return RayBackend(pool.name, pool.address)
+    return RayBackend(pool.name, pool.address, token_path(pool))
+
+
+def token_path(pool: Pool) -> Path | None:
+    """The pool's copy of its Ray cluster's token (None: that cluster needs none)."""
+    token = json.loads(pool.spec_json or "{}").get("token_file")
+    return Path(token) if token else None
 
 
 def pool_of(store: Store, cluster: Cluster) -> Pool | None:

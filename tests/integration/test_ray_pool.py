@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -74,7 +75,8 @@ def ray_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayPool]:
 def rfleet(fleet: Fleet, ray_pool: RayPool) -> Iterator[Fleet]:
     """A fleet whose default pool is the Ray cluster; afterwards no job process may be left on
     the Ray nodes (they do not carry the fleet's GPUFLEET_HOME, but do carry GPUFLEET_JOB)."""
-    fleet.ok("pool", "add", "ray", "--address", ray_pool.address, timeout=90)
+    fleet.ok("pool", "add", "ray", "--address", ray_pool.address, "--token-file",
+             ray_pool.cfg.token_file, timeout=90)
     yield fleet
     jobs = [j.name for j in (fleet.home / "jobs").iterdir()] if (fleet.home / "jobs").exists() \
         else []
@@ -150,6 +152,65 @@ def test_pool_add_refuses_bad_input_with_one_line(fleet: Fleet) -> None:
     assert "cannot reach the Ray cluster at 127.0.0.1:1" in fleet("pool", "add", "ray",
                                                                   "--address", "127.0.0.1:1").stderr
     assert fleet.json("pool", "list", "--json")[0]["pool"] == "local"  # nothing half-added
+
+
+# ------------------------------------------------------------------------------ token auth
+
+
+def test_the_pool_keeps_its_own_private_token(ray_pool: RayPool) -> None:
+    token = Path(ray_pool.cfg.token_file)
+    assert token == ray_pool.home / "pools" / ray_pool.name / "ray-auth-token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
+    for p in ray_pool_raylets(ray_pool):  # every raylet was given exactly that file
+        env = p.environ()
+        assert (env.get("RAY_AUTH_MODE"), env.get("RAY_AUTH_TOKEN_PATH")) == ("token", str(token))
+        assert "RAY_AUTH_TOKEN" not in env
+
+
+def ray_pool_raylets(ray_pool: RayPool) -> list[psutil.Process]:
+    found = [p for p in ray_local.processes(ray_pool.cfg) if p.name() == "raylet"]
+    assert len(found) == NODES, found
+    return found
+
+
+def test_pool_add_without_or_with_a_wrong_token_says_how_to_fix_it_at_once(
+        fleet: Fleet, ray_pool: RayPool, tmp_path: Path) -> None:
+    """Each refusal is one line within 5 s (Ray's own client retries for about 20 s, printing
+    a warning a second), leaves no pool and no copy of the token behind."""
+    empty_home = tmp_path / "empty-home"
+    empty_home.mkdir()
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("0" * 64)
+    cases = [([], {}, "uses token authentication and no token was given: pass --token-file"),
+             (["--token-file", str(wrong)], {}, f"refused the token from {wrong}"),
+             ([], {"RAY_AUTH_TOKEN": "f" * 64}, "refused the token from $RAY_AUTH_TOKEN"),
+             ([], {"RAY_AUTH_TOKEN_PATH": str(wrong)}, f"refused the token from {wrong}")]
+    for args, extra, want in cases:
+        started = time.monotonic()
+        r = fleet("pool", "add", "ray", "--address", ray_pool.address, *args,
+                  env={"HOME": str(empty_home), **extra})
+        took = time.monotonic() - started
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and want in lines[0], (args, r.stderr)
+        assert took < 5.0, (args, took)
+    assert [p["pool"] for p in fleet.json("pool", "list", "--json")] == ["local"]
+    assert not (fleet.home / "pools").exists() or not any((fleet.home / "pools").iterdir())
+    assert not any(empty_home.iterdir()), "pool add wrote into HOME"
+
+
+def test_pool_add_with_the_token_from_the_environment_keeps_a_copy_until_removed(
+        fleet: Fleet, ray_pool: RayPool) -> None:
+    token = Path(ray_pool.cfg.token_file).read_text()
+    r = fleet("pool", "add", "ray", "--address", ray_pool.address, "--name", "viaenv",
+              "--no-default", env={"RAY_AUTH_TOKEN": token})
+    assert r.returncode == 0, r.stderr
+    copy = fleet.home / "pools" / "viaenv" / "ray-auth-token"
+    assert copy.read_text() == token and stat.S_IMODE(copy.stat().st_mode) == 0o600
+    listing = fleet.json("pool", "list", "viaenv", "--json")  # no token in this environment
+    assert len(listing[0]["nodes"]) == NODES, listing
+    fleet.ok("pool", "remove", "viaenv")
+    assert not copy.exists()
 
 
 # ------------------------------------------------------------------------------ allocation

@@ -7,12 +7,11 @@ are not there, or hide a dead node from `pool list`.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpufleet.backends.ray import client_env, is_loopback, node_from_ray, nodes_from_ray
+from gpufleet.backends.ray import is_loopback, node_from_ray, nodes_from_ray
 
 RAY_ID = "a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c1d2e3f4a5b6c7d8"
 
@@ -198,24 +197,3 @@ def test_is_loopback(address: str, want: bool) -> None:
 
 def test_bare_ipv6_loopback_is_loopback() -> None:
     assert is_loopback("::1")
-
-
-def test_client_env_asks_for_token_auth_when_a_token_exists(monkeypatch: pytest.MonkeyPatch,
-                                                             tmp_path: Path) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    assert client_env() == {}
-    (tmp_path / ".ray").mkdir()
-    assert client_env() == {}
-    (tmp_path / ".ray" / "auth_token").write_text("secret\n")
-    assert client_env() == {"RAY_AUTH_MODE": "token"}
-
-
-@pytest.mark.parametrize("mode", ["disabled", "token", ""])
-def test_client_env_leaves_a_mode_the_user_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                               mode: str) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
-    (tmp_path / ".ray").mkdir()
-    (tmp_path / ".ray" / "auth_token").write_text("secret\n")
-    monkeypatch.setenv("RAY_AUTH_MODE", mode)
-    assert client_env() == {}

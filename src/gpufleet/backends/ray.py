@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufleet import catalog
+from gpufleet.backends.ray_auth import auth_env, use_here
 from gpufleet.errors import ConflictError
 from gpufleet.pool.model import FABRIC_LEVEL, Device, Node
 
@@ -91,32 +90,15 @@ def nodes_from_ray(raw: list[dict[str, Any]]) -> list[Node]:
     return sorted(by_name.values(), key=lambda n: (n.id != "head", n.id))
 
 
-def client_env() -> dict[str, str]:
-    """Ray 2.5x+ clusters started by `ray start` use token authentication by default, with the
-    token in ~/.ray/auth_token; a client must say so too. A mode the user set wins."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return {}
-    return {"RAY_AUTH_MODE": "token"} if (Path.home() / ".ray" / "auth_token").exists() else {}
+def connect(address: str, token_path: Path | None) -> Any:
+    """`ray.init` to an existing cluster from this process (the job's driver), once; returns
+    the module. The pool's auth settings go into this process's environment first, where Ray's
+    client reads them; the cluster is probed first, so a refused token or an absent head is one
+    clear line instead of Ray's 20 s of retries. Ray's own start-up chatter is kept off the
+    terminal."""
+    from gpufleet.backends import ray_probe
 
-
-CONNECT_TIMEOUT_S = 5.0
-
-
-def reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
-    """None if something accepts TCP connections at HOST:PORT, else why not. `ray.init` waits
-    without end for a head that is not there; this answers in at most `timeout_s`."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            return None
-    except OSError as exc:
-        return exc.strerror or str(exc) or type(exc).__name__
-
-
-def connect(address: str) -> Any:
-    """`ray.init` to an existing cluster from this process, once; returns the module. Ray's own
-    start-up chatter is kept off the terminal."""
-    os.environ.update(client_env())
+    use_here(token_path)  # before Ray is imported: its config reads the mode once
     try:
         import ray
     except ImportError:
@@ -124,43 +106,46 @@ def connect(address: str) -> Any:
                             "(pip install 'ray[train]==2.60.0')") from None
     if ray.is_initialized():
         return ray
-    why = reachable(address)
-    if why is not None:
-        raise ConflictError(f"pool: cannot reach the Ray cluster at {address}: {why} (is it "
-                            "running? `ray status --address ...` tells)")
+    ray_probe.node_tables(address, token_path)
     quiet = io.StringIO()
     try:
         with contextlib.redirect_stderr(quiet):
             ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR",
                      log_to_driver=False, configure_logging=False)
-    except Exception as exc:  # ConnectionError, timeouts, auth: one line for the user
+    except Exception as exc:  # ConnectionError, timeouts: one line for the user
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConflictError(f"pool: cannot reach the Ray cluster at {address}: {detail} (is it "
-                            "running? `ray status --address ...` tells)") from None
+        raise ConflictError(f"pool: cannot reach the Ray cluster at {address}: {detail} "
+                            f"{ray_probe.HINT}") from None
     return ray
 
 
 class RayBackend:
-    """Discovery from Ray's node table; processes through a local driver (`ray_run`) that the
-    supervisor starts, watches and ends like any local process tree."""
+    """Discovery from Ray's node table (asked by `ray_probe`, in a child process); processes
+    through a local driver (`ray_run`) that the supervisor starts, watches and ends like any
+    local process tree. `token_path` is the pool's copy of the cluster's token (None: the
+    cluster does not use token authentication)."""
 
     name = "ray"
 
-    def __init__(self, pool: str, address: str):
+    def __init__(self, pool: str, address: str, token_path: Path | None = None,
+                 token_source: str | None = None):
         from gpufleet.backends.local import LocalBackend
 
-        self.pool, self.address = pool, address
+        self.pool, self.address, self.token_path = pool, address, token_path
+        self.token_source = token_source or f"pool {pool}'s copy ({token_path})"
         self.procs = LocalBackend(cpu_slots=1)  # the driver is a local process tree
 
     def discover(self) -> list[Node]:
-        ray = connect(self.address)
-        return nodes_from_ray(ray.nodes())
+        from gpufleet.backends import ray_probe
+
+        return nodes_from_ray(ray_probe.node_tables(self.address, self.token_path,
+                                                    self.token_source))
 
     def driver_argv(self, plan_path: Path) -> list[str]:
         return [sys.executable, "-m", "gpufleet.backends.ray_run", str(plan_path)]
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
-        return self.procs.start(argv, {**env, **client_env()}, cwd)
+        return self.procs.start(argv, auth_env(env, self.token_path), cwd)
 
     def poll(self, handle: Handle) -> int | None:
         return self.procs.poll(handle)

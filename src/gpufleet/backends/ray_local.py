@@ -6,6 +6,11 @@ from the pool name), so the nodes are told apart like separate machines while ev
 on loopback. Each node declares its devices as `gpufleet_gpu` resources and labels; they are
 simulated (CPU workers with gloo) unless the type is cpu.
 
+The pool uses Ray's token authentication with a token of its own, made at start in the pool's
+state folder (`$GPUFLEET_HOME/pools/NAME/`, owner-only; see `ray_auth`) and removed by `stop`:
+nothing is read from or written to `~/.ray`, so it starts the same on a machine that never ran
+Ray as on one that did.
+
 Ray's processes daemonize, so we find ours again by an environment marker each inherits
 (`GPUFLEET_RAY_POOL`, `GPUFLEET_RAY_NODE`: the pool's name and head address, so two pools of one
 name in different state folders stay apart) and end exactly those pids: never `ray stop`, which
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +35,7 @@ from typing import Any
 
 import psutil
 
+from gpufleet.backends import ray_auth
 from gpufleet.backends.local import terminate
 from gpufleet.backends.ray import (
     LABEL_FABRIC,
@@ -57,6 +64,7 @@ class LocalRay:
     network: str
     head_ip: str
     port: int
+    token_file: str = ""  # the pool's own Ray token, made at start (ray_auth); "" for none
 
     @property
     def address(self) -> str:
@@ -114,9 +122,29 @@ def node_argv(cfg: LocalRay, i: int) -> list[str]:
     return [*argv, "--address", cfg.address]
 
 
+def token_path(cfg: LocalRay) -> Path | None:
+    return Path(cfg.token_file) if cfg.token_file else None
+
+
 def _env(cfg: LocalRay, i: int) -> dict[str, str]:
-    return {**os.environ, POOL_MARK: cfg.mark, NODE_MARK: f"{cfg.mark}/{cfg.node_name(i)}",
-            "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+    return {**ray_auth.auth_env(os.environ, token_path(cfg)), POOL_MARK: cfg.mark,
+            NODE_MARK: f"{cfg.mark}/{cfg.node_name(i)}"}
+
+
+_EXCEPTION_LINE = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:?\s")
+_ERROR_LOG = re.compile(r"\bERROR\b")
+
+
+def error_line(output: str) -> str:
+    """What a failed `ray start` said that matters: the exception its traceback ends with, else
+    its last error-level log line, else its last line; never the INFO line that happens to come
+    last."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    for pattern in (_EXCEPTION_LINE, _ERROR_LOG):
+        found = [ln for ln in lines if pattern.search(ln)]
+        if found:
+            return found[-1]
+    return lines[-1] if lines else "no output"
 
 
 def start_node(cfg: LocalRay, i: int) -> None:
@@ -128,14 +156,17 @@ def start_node(cfg: LocalRay, i: int) -> None:
         raise ConflictError(f"pool: node {cfg.node_name(i)} did not start within "
                             f"{START_TIMEOUT_S:.0f} s") from None
     if done.returncode != 0:
-        lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
         raise ConflictError(f"pool: `ray start` for node {cfg.node_name(i)} failed: "
-                            f"{(lines or ['no output'])[-1].strip()}")
+                            f"{error_line(done.stdout + chr(10) + done.stderr)}")
 
 
 def start(cfg: LocalRay, on_node: Any = None) -> None:
-    """Start every node; on any failure, end what was started (nothing is left half up)."""
+    """Make the pool's token, then start every node; on any failure, end what was started and
+    remove the token (nothing is left half up)."""
     try:
+        path = token_path(cfg)
+        if path is not None:
+            ray_auth.new_token(path)
         for i in range(cfg.nodes):
             start_node(cfg, i)
             if on_node is not None:
@@ -173,6 +204,9 @@ def stop(cfg: LocalRay, grace_s: float = 5.0) -> int:
     procs = processes(cfg)
     terminate(procs, grace_s)
     shutil.rmtree(temp_dir(cfg), ignore_errors=True)
+    path = token_path(cfg)
+    if path is not None:
+        ray_auth.forget(path)
     return len(procs)
 
 
@@ -191,15 +225,16 @@ def kill_node(cfg: LocalRay, node: str) -> int:
     return raylet[0].pid
 
 
-def wait_nodes(address: str, count: int, timeout_s: float = 60.0) -> None:
-    """Until Ray lists `count` live nodes (a worker raylet registers a moment after start)."""
-    from gpufleet.backends.ray import connect
+def wait_nodes(cfg: LocalRay, timeout_s: float = 60.0) -> None:
+    """Until Ray lists every node alive (a worker raylet registers a moment after start)."""
+    from gpufleet.backends.ray_probe import node_tables
 
-    ray = connect(address)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if sum(1 for n in ray.nodes() if n.get("Alive")) >= count:
+    while True:
+        alive = sum(1 for n in node_tables(cfg.address, token_path(cfg)) if n.get("Alive"))
+        if alive >= cfg.nodes:
             return
+        if time.monotonic() >= deadline:
+            raise ConflictError(f"pool: only {alive} of {cfg.nodes} nodes joined the Ray cluster "
+                                f"at {cfg.address} within {timeout_s:.0f} s")
         time.sleep(0.5)
-    raise ConflictError(f"pool: only {sum(1 for n in ray.nodes() if n.get('Alive'))} of {count} "
-                        f"nodes joined the Ray cluster at {address} within {timeout_s:.0f} s")

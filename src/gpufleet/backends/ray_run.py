@@ -170,8 +170,9 @@ class Driver:
     def run(self) -> int:
         from gpufleet.backends import ray_run  # by module name even when run as __main__
         from gpufleet.backends.ray import connect
+        from gpufleet.backends.ray_auth import env_token_path
 
-        ray = connect(self.plan["address"])
+        ray = connect(self.plan["address"], env_token_path(os.environ))
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         remote = ray.remote(ray_run.NodeAgent)

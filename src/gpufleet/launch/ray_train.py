@@ -14,6 +14,7 @@ import os
 import runpy
 import sys
 import threading
+from pathlib import Path
 from typing import Any, TextIO
 
 # Ray rewrites 127.0.0.1 to the machine's network address; another loopback address stays
@@ -93,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every rank's lines, not "repeated 2x"
     # Ray Train patches print() in its workers to also log each write, which doubles every line.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    # Token authentication with a token of this job's own, beside Ray Train's run state, set
+    # before Ray is imported (its config reads the mode once): a local ray.init otherwise makes
+    # one in ~/.ray/auth_token, outside gpufleet's state, and every later Ray on the machine
+    # would silently depend on it.
+    from gpufleet.backends import ray_auth
+
+    ray_auth.use_here(ray_auth.new_token(Path(args.storage).resolve() / ray_auth.TOKEN_FILE))
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
