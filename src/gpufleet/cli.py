@@ -444,7 +444,7 @@ def pool_add(
     name: Annotated[str | None, typer.Option("--name", help="Pool name [default: the kind].")] = None,
     token_file: Annotated[Path | None, typer.Option(
         "--token-file", help="ray: the cluster's auth token (`ray get-auth-token` on the head) "
-        "[default: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token]; a copy is "
+        "(else $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); a copy is "
         "kept with the pool.")] = None,
     no_default: Annotated[bool, typer.Option(
         "--no-default", help="Keep the current default pool.")] = False,
