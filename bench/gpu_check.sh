@@ -34,9 +34,9 @@ fi
 export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 scratch=$(mktemp -d -t gpufleet-gpu-check.XXXXXX)
 export GPUFLEET_HOME="$scratch/home" HOME="$scratch/user"
-mkdir -p "$HOME" "$scratch/work"
-ln -s "$root/examples" "$scratch/work/examples"
-cd "$scratch/work"
+mkdir -p "$HOME" "$scratch/cwd"
+ln -s "$root/examples" "$scratch/cwd/examples"
+cd "$scratch/cwd"
 GF=("$PY" -m gpufleet.cli)
 gf() { "${GF[@]}" "$@"; }
 step() {  # step NAME LIMIT_S CMD...: stdout+stderr to NAME.log, time and exit code to steps.tsv

@@ -471,7 +471,8 @@ def pool_add(
             ray_auth.pool_token_path(gpufleet_home(), pool_name), given.token)
         try:  # reachable, the token accepted, and what it has
             found = RayBackend(pool_name, address, path,
-                               token_source=given.source if given else None).discover()
+                               token_source=given.source if given else None,
+                               adding=True).discover()
             pools.add(store, pool_name, "ray", address,
                       {"token_file": str(path)} if path else {}, not no_default)
         except BaseException:

@@ -209,6 +209,10 @@ def test_pool_add_with_the_token_from_the_environment_keeps_a_copy_until_removed
     assert copy.read_text() == token and stat.S_IMODE(copy.stat().st_mode) == 0o600
     listing = fleet.json("pool", "list", "viaenv", "--json")  # no token in this environment
     assert len(listing[0]["nodes"]) == NODES, listing
+    copy.write_text("0" * 64)  # as if the cluster had been restarted with a new token
+    [broken] = fleet.json("pool", "list", "viaenv", "--json")
+    assert "refused the token from pool viaenv's copy" in broken["error"], broken
+    assert f"gpufleet pool add ray --address {ray_pool.address} --name viaenv" in broken["error"]
     fleet.ok("pool", "remove", "viaenv")
     assert not copy.exists()
 

@@ -128,18 +128,24 @@ class RayBackend:
     name = "ray"
 
     def __init__(self, pool: str, address: str, token_path: Path | None = None,
-                 token_source: str | None = None):
+                 token_source: str | None = None, adding: bool = False):
+        from gpufleet.backends import ray_probe
         from gpufleet.backends.local import LocalBackend
 
         self.pool, self.address, self.token_path = pool, address, token_path
         self.token_source = token_source or f"pool {pool}'s copy ({token_path})"
+        # A refused token: while `pool add` runs, give one; for a pool added before (its
+        # cluster restarted with a new token, say), add it again.
+        self.fix = ray_probe.ADD_FIX if adding else (
+            f"add the pool again with the cluster's token: gpufleet pool remove {pool} && "
+            f"gpufleet pool add ray --address {address} --name {pool} --token-file PATH")
         self.procs = LocalBackend(cpu_slots=1)  # the driver is a local process tree
 
     def discover(self) -> list[Node]:
         from gpufleet.backends import ray_probe
 
         return nodes_from_ray(ray_probe.node_tables(self.address, self.token_path,
-                                                    self.token_source))
+                                                    self.token_source, fix=self.fix))
 
     def driver_argv(self, plan_path: Path) -> list[str]:
         return [sys.executable, "-m", "gpufleet.backends.ray_run", str(plan_path)]

@@ -57,10 +57,15 @@ def reachable(address: str, timeout_s: float = TCP_TIMEOUT_S) -> str | None:
     return None
 
 
+ADD_FIX = "pass --token-file PATH (print the token on the head with `ray get-auth-token`) " \
+          "or set RAY_AUTH_TOKEN"
+
+
 def node_tables(address: str, token_path: Path | None, token_source: str | None = None,
-                timeout_s: float = PROBE_TIMEOUT_S) -> list[dict[str, Any]]:
+                timeout_s: float = PROBE_TIMEOUT_S, fix: str = ADD_FIX) -> list[dict[str, Any]]:
     """Every node Ray knows (dead ones too), or a ConflictError saying what is wrong and what
-    to do: unreachable, a token missing or refused, not a Ray head, Ray not installed."""
+    to do: unreachable, a token missing or refused (`fix` says what to do then: for `pool add`,
+    give a token; for a pool already added, add it again), not a Ray head, Ray not installed."""
     why = reachable(address)
     if why is not None:
         raise ConflictError(f"pool: cannot reach the Ray cluster at {address}: {why}")
@@ -85,12 +90,10 @@ def node_tables(address: str, token_path: Path | None, token_source: str | None 
         return list(answer["nodes"])
     if kind == "auth" and token_path is None:
         raise ConflictError(f"pool: the Ray cluster at {address} uses token authentication and "
-                            "no token was given: pass --token-file PATH (print the token on the "
-                            "head with `ray get-auth-token`) or set RAY_AUTH_TOKEN")
+                            f"no token was given: {fix}")
     if kind == "auth":
         raise ConflictError(f"pool: the Ray cluster at {address} refused the token from "
-                            f"{token_source or token_path}: give the cluster's own token with "
-                            "--token-file PATH (on the head: `ray get-auth-token`)")
+                            f"{token_source or token_path}: {fix}")
     if kind == "no-ray":
         raise ConflictError("pool: Ray is not installed here; install gpufleet's [ray] extra "
                             "(pip install 'ray[train]==2.60.0')")
