@@ -51,8 +51,8 @@ from typing import Any
 from procs import cli, stop_pool
 
 from gpufleet.backends.sim import build_nodes, parse_shapes
-from gpufleet.clusters import _price
 from gpufleet.errors import AllocationError
+from gpufleet.lifecycle.clusters import _price
 from gpufleet.pool.allocate import Allocator, allocate
 from gpufleet.pool.model import FABRIC_LEVEL, Allocation, Node, Placement
 

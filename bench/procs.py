@@ -26,10 +26,10 @@ def cli(env: dict[str, str], *args: str, timeout: float = 300) -> str:
 def stop_pool(env: dict[str, str], pool: str) -> list[str]:
     """`gpufleet pool down POOL`, then anything of the pool still alive (ended by pid, and
     reported: it would be a gpufleet bug)."""
-    from gpufleet import pools
     from gpufleet.backends import ray_local
     from gpufleet.backends.local import terminate
     from gpufleet.errors import NotFoundError
+    from gpufleet.lifecycle import pools
     from gpufleet.store import Store
 
     store = Store(url=f"sqlite:///{Path(env['GPUFLEET_HOME']) / 'state.db'}")

@@ -23,8 +23,9 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import select
 
-from gpufleet import catalog, clusters
+from gpufleet import catalog
 from gpufleet.errors import AllocationError, ConflictError, GpufleetError, NotFoundError, SpecError
+from gpufleet.lifecycle import clusters
 from gpufleet.parallelism import Layout
 from gpufleet.plan import cost
 from gpufleet.pool.model import Placement
@@ -47,7 +48,7 @@ CpuSlots = Annotated[int | None, typer.Option(
 
 def _cluster_backend(store: Store, cluster: Cluster, cpu_slots: int | None = None) -> Any:
     """The backend of the pool the cluster was carved from."""
-    from gpufleet import pools
+    from gpufleet.lifecycle import pools
 
     return pools.backend_for(pools.pool_of(store, cluster), cpu_slots)
 
@@ -55,14 +56,14 @@ def _cluster_backend(store: Store, cluster: Cluster, cpu_slots: int | None = Non
 def _with_pool(store: Store, data: dict[str, Any]) -> dict[str, Any]:
     """A cluster spec's `pool` and `backend` resolved against the store: the named pool, the
     only pool of the named kind, or the default pool."""
-    from gpufleet import pools
+    from gpufleet.lifecycle import pools
 
     row = pools.resolve(store, data.get("pool"), data.get("backend"))
     return {**data, "pool": row.name if row else None, "backend": row.kind if row else "local"}
 
 
 def _store() -> Store:
-    from gpufleet.supervise import jobs
+    from gpufleet.lifecycle import jobs
 
     store = Store()
     jobs.reconcile(store)
@@ -207,7 +208,8 @@ def plan(
 # -- clusters ------------------------------------------------------------------------------------
 def _launch(store: Store, spec: ClusterSpec, yes: bool, cpu_slots: int | None,
             for_job: str | None = None, quiet: bool = False) -> Cluster:
-    from gpufleet import pools, ui
+    from gpufleet import ui
+    from gpufleet.lifecycle import pools
 
     pool = pools.resolve(store, spec.pool, spec.backend)
     nodes = pools.backend_for(pool, cpu_slots).discover()
@@ -450,8 +452,8 @@ def pool_add(
         "--no-default", help="Keep the current default pool.")] = False,
 ) -> None:
     """Register a pool; it becomes the default for launch and run unless --no-default."""
-    from gpufleet import pools
     from gpufleet.backends import ray_auth, sim
+    from gpufleet.lifecycle import pools
     from gpufleet.store import gpufleet_home
 
     if kind not in ("ray", "sim"):
@@ -512,9 +514,9 @@ def pool_up(
 ) -> None:
     """Start a real multi-node Ray cluster here (one raylet per node on its own 127.x address)
     whose nodes declare simulated GPUs that run as CPU workers with gloo, and add it as a pool."""
-    from gpufleet import pools
     from gpufleet.backends import ray_auth, ray_local
     from gpufleet.backends.local import free_port
+    from gpufleet.lifecycle import pools
     from gpufleet.pool.model import FABRIC_LEVEL
     from gpufleet.store import gpufleet_home
 
@@ -568,8 +570,8 @@ def pool_up(
 @pool_app.command("down")
 def pool_down(name: Annotated[str, typer.Argument(help="A pool started by pool up --local.")]) -> None:
     """Stop a local Ray cluster started by `pool up --local` and forget the pool."""
-    from gpufleet import pools
     from gpufleet.backends import ray_local
+    from gpufleet.lifecycle import pools
 
     store = _store()
     pool = pools.get(store, name)
@@ -585,7 +587,7 @@ def pool_down(name: Annotated[str, typer.Argument(help="A pool started by pool u
 def pool_remove(name: Annotated[str, typer.Argument(help="Pool name.")]) -> None:
     """Forget a pool. A Ray cluster it points to keeps running, unless `pool up --local`
     started it: that one is stopped too."""
-    from gpufleet import pools
+    from gpufleet.lifecycle import pools
 
     pool = pools.remove(_store(), name)
     if pool.managed:
@@ -598,7 +600,7 @@ def pool_remove(name: Annotated[str, typer.Argument(help="Pool name.")]) -> None
 @pool_app.command("use")
 def pool_use(name: Annotated[str, typer.Argument(help="Pool name, or local for this host.")]) -> None:
     """Make a pool the default for launch and run."""
-    from gpufleet import pools
+    from gpufleet.lifecycle import pools
 
     pools.use(_store(), name)
     out.print(f"Default pool: {name}")
@@ -611,7 +613,7 @@ def pool_list(
 ) -> None:
     """Each pool's nodes: GPU type, devices, free, memory, fabric, network and health (a node
     that left a Ray cluster shows as lost; simulated devices are marked)."""
-    from gpufleet import pools
+    from gpufleet.lifecycle import pools
 
     store = _store()
     default = pools.default_name(store)
@@ -825,7 +827,7 @@ def _print_dry_run(spec: JobSpec, layout: Layout, placements: list[Placement], c
 
 def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None,
              dry_run: bool = False) -> None:
-    from gpufleet.supervise import jobs
+    from gpufleet.lifecycle import jobs
 
     store = _store()
     spec = spec.model_copy(update={"name": jobs.job_name_for(spec)})  # fixed once, used twice
@@ -841,7 +843,7 @@ def _run_job(spec: JobSpec, detach: bool, yes: bool, cpu_slots: int | None,
                                                           cspec.node_count), dry_run)
         _check_pool_job(spec, cspec.backend, cspec.nodes or 1)
         if dry_run:
-            from gpufleet import pools
+            from gpufleet.lifecycle import pools
 
             prow = pools.resolve(store, cspec.pool, cspec.backend)
             nodes = pools.backend_for(prow, cpu_slots).discover()
@@ -920,8 +922,8 @@ def _first_world(spec: JobSpec, devices: int, cluster: str, nodes: int = 1) -> i
 def _resume_job(name: str, detach: bool, yes: bool, cpu_slots: int | None) -> None:
     """`run --resume JOB`: the same job record, on its cluster (made again if it was made for
     the job), from the newest checkpoint in its folder."""
+    from gpufleet.lifecycle import jobs
     from gpufleet.store import Cluster as ClusterRow
-    from gpufleet.supervise import jobs
 
     store = _store()
     job = jobs.get(store, name)
@@ -961,7 +963,7 @@ def _resume_job(name: str, detach: bool, yes: bool, cpu_slots: int | None) -> No
 def _supervise(store: Store, job: Job, cluster: Cluster, detach: bool,
                cpu_slots: int | None = None) -> None:
     """Hand the job to its supervisor: a detached process, or this one with a live view."""
-    from gpufleet.supervise import jobs
+    from gpufleet.lifecycle import jobs
 
     if detach:
         jobs.set_supervisor(store, job.id, _start_detached(job, cpu_slots))
@@ -1035,7 +1037,7 @@ def logs(
     rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's log.")] = None,
 ) -> None:
     """A job's output, every rank's lines prefixed by their rank, or one rank with --rank."""
-    from gpufleet.supervise import jobs
+    from gpufleet.lifecycle import jobs
 
     store = _store()
     j = jobs.get(store, job)
@@ -1074,7 +1076,7 @@ def status(
     memory; per rank step, data-wait and communication time; findings with the fix to try.
     """
     from gpufleet import ui
-    from gpufleet.supervise import jobs
+    from gpufleet.lifecycle import jobs
     from gpufleet.web import data
 
     store = _store()
@@ -1238,7 +1240,7 @@ def bench_scaling(
 
 
 def _stop_job(store: Store, j: Job, timeout_s: float = 30.0) -> None:
-    from gpufleet.supervise import jobs
+    from gpufleet.lifecycle import jobs
 
     j = jobs.refresh(store, j.name)  # as it is now, not as `stop` first read it
     if j.status not in jobs.ACTIVE:
@@ -1268,7 +1270,7 @@ def stop(
     all_: Annotated[bool, typer.Option("--all", help="Stop every running cluster.")] = False,
 ) -> None:
     """Stop a job (its workers end) or a cluster (its job ends, its devices are freed)."""
-    from gpufleet.supervise import jobs
+    from gpufleet.lifecycle import jobs
 
     if not name and not all_:
         raise SpecError([("name", "give a cluster or job name, or --all")])

@@ -24,8 +24,8 @@ import psutil
 import pytest
 from fleet_helpers import CLI, EXAMPLES, Fleet, error_lines
 
-from gpufleet import pools
 from gpufleet.backends import ray_local
+from gpufleet.lifecycle import pools
 from gpufleet.store import Store
 
 pytestmark = pytest.mark.integration

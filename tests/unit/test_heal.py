@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import clusters
 from gpufleet.errors import AllocationError
+from gpufleet.lifecycle import clusters
 from gpufleet.pool.model import Device, Node
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Store

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufleet.clusters import health
+from gpufleet.lifecycle.clusters import health
 from gpufleet.pool.model import Device, Node, Placement
 from gpufleet.store import Cluster
 

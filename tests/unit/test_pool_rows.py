@@ -10,8 +10,8 @@ import pytest
 
 from gpufleet.backends.sim import build_nodes, parse_shapes
 from gpufleet.errors import SpecError
+from gpufleet.lifecycle.pools import check_address, grouped, node_rows
 from gpufleet.pool.model import Device, Node
-from gpufleet.pools import check_address, grouped, node_rows
 
 GB80 = 80 * 10**9
 

@@ -10,9 +10,9 @@ import pytest
 
 from gpufleet.backends.local import cpu_slot_count
 from gpufleet.errors import SpecError
+from gpufleet.lifecycle import jobs
 from gpufleet.spec import JobSpec
 from gpufleet.store import Cluster, Job, Store
-from gpufleet.supervise import jobs
 from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.view import job_cost_usd, seconds_per_step
 

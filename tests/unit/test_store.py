@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from gpufleet import clusters
 from gpufleet.errors import ConflictError
+from gpufleet.lifecycle import clusters
 from gpufleet.pool.model import Device, Node
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Reservation, Store, gpufleet_home

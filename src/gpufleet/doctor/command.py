@@ -53,7 +53,7 @@ def default_target(node: Node) -> Target:
 
 def cluster_targets(name: str) -> list[Target]:
     """The cluster's reserved devices, one target per node; a stopped cluster is refused."""
-    from gpufleet import clusters
+    from gpufleet.lifecycle import clusters
     from gpufleet.store import Store
 
     store = Store()

@@ -21,9 +21,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet import catalog, clusters
+from gpufleet import catalog
 from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
 from gpufleet.launch.env import device_env
+from gpufleet.lifecycle import clusters
 from gpufleet.measure.collectives import DEFAULT_SIZES_CPU, DEFAULT_SIZES_GPU, Row, parse_rows
 from gpufleet.plan import calibration as calib
 from gpufleet.plan import compute, cost
@@ -177,7 +178,7 @@ def render_collectives(rows: list[Row], workers: int, network: str, peak: float,
 def _run_once(cluster: str, script: str, workers: int, script_args: list[str], name: str,
               run_options: list[str]) -> dict[str, Any]:
     """One `gpufleet run` at `workers` workers; its job row (status, samples/s) when it ends."""
-    from gpufleet.supervise import jobs
+    from gpufleet.lifecycle import jobs
 
     argv = [sys.executable, "-m", "gpufleet.cli", "run", script, "--cluster", cluster,
             "--workers-per-node", str(workers), "--name", name, "--yes", *run_options,

@@ -27,15 +27,15 @@ from typing import Any
 
 import psutil
 
-from gpufleet import clusters
 from gpufleet.backends.local import Handle, free_port, kill
 from gpufleet.backends.ray_run import NODE_LOST_EXIT
 from gpufleet.errors import GpufleetError
 from gpufleet.launch import frameworks
 from gpufleet.launch.torchrun import JobContext, merge_env
+from gpufleet.lifecycle import clusters, jobs
 from gpufleet.spec import JobSpec
 from gpufleet.store import Cluster, Job, Metric, Store
-from gpufleet.supervise import elastic, hang, jobs, restarts
+from gpufleet.supervise import elastic, hang, restarts
 from gpufleet.supervise.logs import LogSink, failed_rank, last_exception
 from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.telemetry import TelemetryState
@@ -784,7 +784,7 @@ def _end_descendants() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a detached supervisor: `python -m gpufleet.supervise.supervisor JOB`."""
-    from gpufleet import pools
+    from gpufleet.lifecycle import pools
     from gpufleet.store import Cluster as ClusterRow
 
     args = argv if argv is not None else sys.argv[1:]

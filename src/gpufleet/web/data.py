@@ -10,11 +10,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from gpufleet import clusters
 from gpufleet.errors import NotFoundError
+from gpufleet.lifecycle import clusters, jobs
 from gpufleet.plan import cost
 from gpufleet.store import Cluster, Job, Store
-from gpufleet.supervise import jobs
 from gpufleet.supervise.view import JobView, job_view
 from gpufleet.telemetry import records
 

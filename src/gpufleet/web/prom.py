@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from gpufleet.lifecycle import jobs
 from gpufleet.store import Store
-from gpufleet.supervise import jobs
 from gpufleet.telemetry import records
 from gpufleet.telemetry.schema import METRICS, prometheus_name, scope_of
 from gpufleet.web import data

@@ -15,13 +15,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
+from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, ClusterStatus
 from gpufleet.plan import cost
 from gpufleet.pool.allocate import allocate, free_devices
 from gpufleet.pool.model import Allocation, Device, Node, Placement
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Job, Reservation, Store, gpufleet_home
 
-ACTIVE = ("pending", "running")
+ACTIVE = CLUSTER_ACTIVE
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def new_name(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(2)}"
 
 
-def _held(s: Session, pool: str | None = None) -> dict[tuple[str, str], str]:
+def held(s: Session, pool: str | None = None) -> dict[tuple[str, str], str]:
     """Reservations on one pool's nodes (node names repeat across pools: every local Ray pool
     has a 'head')."""
     q = select(Reservation, Cluster.name).join(Cluster, Cluster.id == Reservation.cluster_id)
@@ -61,7 +62,7 @@ def _held(s: Session, pool: str | None = None) -> dict[tuple[str, str], str]:
     return {(r.node_id, r.device_id): cname for r, cname in s.execute(q)}
 
 
-def _exclusive(s: Session, pool: str | None) -> dict[str, str]:
+def held_whole(s: Session, pool: str | None) -> dict[str, str]:
     """Nodes held whole by a multi-node cluster -> that cluster."""
     q = (select(Reservation.node_id, Cluster.name)
          .join(Cluster, Cluster.id == Reservation.cluster_id).where(Cluster.nodes > 1))
@@ -107,9 +108,9 @@ def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node],
         raise ConflictError(f"name: a cluster named '{name}' already exists; pick another "
                             f"name or stop it first (gpufleet stop {name})")
     if spec.backend == "local":
-        return allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, _held(s))
-    return allocate(spec.gpu, spec.count, spec.nodes, spec.network, nodes, _held(s, pool),
-                    _exclusive(s, pool), price=_price)
+        return allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, held(s))
+    return allocate(spec.gpu, spec.count, spec.nodes, spec.network, nodes, held(s, pool),
+                    held_whole(s, pool), price=_price)
 
 
 def check(store: Store, spec: ClusterSpec, nodes: list[Node], pool: str | None = None) -> Allocation:
@@ -138,7 +139,7 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
             name=name, gpu=spec.gpu, count=spec.count, nodes=len(alloc.placements),
             network=network, disk_bytes=spec.disk_bytes, backend=spec.backend,
             price_book=None if q.simulated else q.book, usd_per_hour=q.usd_per_hour,
-            status="running", created_at=now, started_at=now, scratch_dir=str(scratch),
+            status=ClusterStatus.RUNNING, created_at=now, started_at=now, scratch_dir=str(scratch),
             spec_json=spec.model_dump_json(), for_job=for_job, pool=pool,
             simulated=q.simulated,
         )
@@ -169,17 +170,17 @@ def heal(store: Store, cluster: Cluster, nodes: list[Node]) -> tuple[Cluster, li
         if not bad:
             return c, notes
         per = len(next(iter(mine.values())))
-        held = _held(s, c.pool)
-        exclusive = _exclusive(s, c.pool)
+        reserved = held(s, c.pool)
+        exclusive = held_whole(s, c.pool)
         for nid in bad:
             for r in mine.pop(nid):
                 s.delete(r)
-                held.pop((r.node_id, r.device_id), None)
+                reserved.pop((r.node_id, r.device_id), None)
             exclusive.pop(nid, None)
             try:
                 # a whole free node like the others: same type, same fabric
                 got = allocate(c.gpu, per, 1, c.network, [n for n in nodes if n.id not in mine],
-                               held, exclusive, price=_price, whole=c.nodes > 1)
+                               reserved, exclusive, price=_price, whole=c.nodes > 1)
             except AllocationError as exc:
                 notes.append(f"node {nid} lost; no replacement ({exc}); going on with "
                              f"{len(mine)} node(s)")
@@ -189,7 +190,7 @@ def heal(store: Store, cluster: Cluster, nodes: list[Node]) -> tuple[Cluster, li
                 r = Reservation(cluster_id=c.id, node_id=p.node_id, address=p.address,
                                 device_id=d.id, device_index=d.index, pool=c.pool or "local")
                 s.add(r)
-                held[(p.node_id, d.id)] = c.name
+                reserved[(p.node_id, d.id)] = c.name
             exclusive[p.node_id] = c.name
             mine[p.node_id] = []
             notes.append(f"node {nid} lost; replaced by node {p.node_id} ({p.address})")
@@ -215,9 +216,9 @@ def _rebill(c: Cluster, count: int, now: float) -> None:
 def free_count(store: Store, cluster: Cluster, nodes: list[Node]) -> int:
     """Devices of the cluster's type that nobody holds, on the nodes the cluster is on."""
     with store.read() as s:
-        held = _held(s)
+        reserved = held(s)
     mine = {p.node_id for p in placements(store, cluster)}
-    return sum(len(free_devices(n, cluster.gpu, held)) for n in nodes if n.id in mine)
+    return sum(len(free_devices(n, cluster.gpu, reserved)) for n in nodes if n.id in mine)
 
 
 def resize(store: Store, cluster_id: int, count: int, nodes: list[Node]) -> Cluster:
@@ -239,7 +240,7 @@ def resize(store: Store, cluster_id: int, count: int, nodes: list[Node]) -> Clus
                 s.delete(r)
         elif count > len(rows):
             node = next((n for n in nodes if rows and n.id == rows[0].node_id), None)
-            free = free_devices(node, c.gpu, _held(s)) if node is not None else []
+            free = free_devices(node, c.gpu, held(s)) if node is not None else []
             need = count - len(rows)
             if len(free) < need:
                 raise AllocationError(f"count: cluster {c.name} needs {need} more {c.gpu} "
@@ -306,14 +307,13 @@ def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: i
             return c
         for r in s.scalars(select(Reservation).where(Reservation.cluster_id == c.id)).all():
             s.delete(r)
-        c.status = "stopped"
+        c.status = ClusterStatus.STOPPED
         c.stopped_at = time.time()
     shutil.rmtree(c.scratch_dir, ignore_errors=True)
     return c
 
 
 def running_job(store: Store, cluster_id: int) -> Job | None:
-    from gpufleet.supervise.jobs import ACTIVE as JOB_ACTIVE
 
     with store.read() as s:
         return s.scalar(select(Job).where(Job.cluster_id == cluster_id, Job.status.in_(JOB_ACTIVE)))

@@ -12,11 +12,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.errors import ConflictError, NotFoundError, SpecError
+from gpufleet.lifecycle import clusters
+from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL
 from gpufleet.spec import JobSpec, check_name
 from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
 
-ACTIVE = ("starting", "running", "restarting", "resizing")
-FINAL = ("succeeded", "failed", "stopped", "interrupted")
+ACTIVE = JOB_ACTIVE
+FINAL = JOB_FINAL
 STOP_REQUESTED = "stopped by user (gpufleet stop)"
 
 
@@ -101,7 +103,6 @@ def transition(store: Store, job_id: int, status: str, reason: str = "",
 
 def begin_running(store: Store, job_id: int, cluster_id: int, reason: str) -> bool:
     """starting -> running, only if nobody stopped the job or its cluster meanwhile."""
-    from gpufleet.clusters import ACTIVE as CLUSTER_ACTIVE
 
     with store.session() as s:
         cluster = s.get(Cluster, cluster_id)
@@ -192,16 +193,24 @@ def supervisor_alive(job: Job) -> bool:
         return False
 
 
+def _gone_outcome(job: Job) -> tuple[str, str]:
+    """What a job whose supervisor vanished ended as. A `gpufleet stop` that lands while a
+    detached supervisor is still importing kills it before its SIGTERM handler exists: the user
+    asked for a stop and got one, so the job is stopped, not interrupted."""
+    if job.reason == STOP_REQUESTED:
+        return "stopped", f"{STOP_REQUESTED}; the supervisor ended before recording it"
+    return "interrupted", "the supervisor process is gone"
+
+
 def reconcile(store: Store) -> None:
     """Mark jobs whose supervisor died as interrupted and free clusters made only for them
     (unless the job asked to keep its cluster)."""
-    from gpufleet import clusters
 
     with store.read() as s:
         stale = [j for j in s.scalars(select(Job).where(Job.status.in_(ACTIVE))).all()
                  if j.supervisor_pid is not None and not supervisor_alive(j)]
     for job in stale:
-        if not transition(store, job.id, "interrupted", "the supervisor process is gone"):
+        if not transition(store, job.id, *_gone_outcome(job)):
             continue
         with store.read() as s:
             c = s.get(Cluster, job.cluster_id)

@@ -16,6 +16,8 @@ from sqlalchemy import select
 
 from gpufleet.backends import sim
 from gpufleet.errors import ConflictError, NotFoundError, SpecError
+from gpufleet.lifecycle import clusters
+from gpufleet.lifecycle.status import CLUSTER_ACTIVE
 from gpufleet.spec import check_name
 from gpufleet.store import Cluster, Pool, Store
 
@@ -109,11 +111,9 @@ def use(store: Store, name: str) -> None:
 
 
 def active_clusters(store: Store, name: str) -> list[str]:
-    from gpufleet.clusters import ACTIVE
-
     with store.read() as s:
         return list(s.scalars(select(Cluster.name).where(
-            Cluster.pool == name, Cluster.status.in_(ACTIVE))).all())
+            Cluster.pool == name, Cluster.status.in_(CLUSTER_ACTIVE))).all())
 
 
 def remove(store: Store, name: str) -> Pool:
@@ -163,10 +163,8 @@ def pool_of(store: Store, cluster: Cluster) -> Pool | None:
 
 def held_on(store: Store, pool: str | None) -> tuple[dict[tuple[str, str], str], dict[str, str]]:
     """(device reservations, nodes held whole) on one pool."""
-    from gpufleet.clusters import _exclusive, _held
-
     with store.read() as s:
-        return _held(s, pool), _exclusive(s, pool)
+        return clusters.held(s, pool), clusters.held_whole(s, pool)
 
 
 def node_rows(nodes: list[Any], held: dict[tuple[str, str], str],

@@ -1,0 +1,92 @@
+"""The one interface every engine implements, and what each engine can do.
+
+Code outside `backends/` never asks which engine a pool is: it asks `capabilities(kind)` (for
+a spec or a stored cluster, before any backend object exists) or `backend.capabilities`, and
+calls the `Backend` protocol. A third engine (Slurm, Kubernetes) is a new module here and a row
+in `CAPABILITIES`, not a branch in the supervisor, the CLI and the allocator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal, Protocol, runtime_checkable
+
+from gpufleet.pool.model import Node
+
+Kind = Literal["local", "ray", "sim"]
+KINDS: tuple[Kind, ...] = ("local", "ray", "sim")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, so callers decide by capability rather than by name."""
+
+    this_host: bool  # its one node is the machine gpufleet runs on (disk checked, bench here)
+    multi_node: bool  # a cluster may span nodes; a job runs one process group per node
+    elastic: bool  # a job may change size while it runs (--workers MIN:MAX)
+    ssh: bool  # `gpufleet ssh` reaches a shell on its nodes
+    simulated: bool  # declared devices: plan and reserve only, no processes run
+    samples_devices: bool  # the supervisor samples devices itself (else node agents report)
+
+    @property
+    def runs_jobs(self) -> bool:
+        return not self.simulated
+
+
+CAPABILITIES: Mapping[Kind, Capabilities] = {
+    "local": Capabilities(this_host=True, multi_node=False, elastic=True, ssh=True,
+                          simulated=False, samples_devices=True),
+    "ray": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=True,
+                        simulated=False, samples_devices=False),
+    "sim": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=False,
+                        simulated=True, samples_devices=False),
+}
+
+
+def capabilities(kind: str | None) -> Capabilities:
+    """The capabilities of a pool kind as stored on a cluster or spec (None: this host)."""
+    for known, caps in CAPABILITIES.items():
+        if known == (kind or "local"):
+            return caps
+    raise ValueError(f"unknown backend kind {kind!r}; known: {', '.join(KINDS)}")
+
+
+@runtime_checkable
+class Handle(Protocol):
+    """A started worker group, as the supervisor follows it."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run ready to start: one command (torchrun, a framework launcher, or the driver that
+    starts one per node), its environment, and the files it reads (framework configs, a plan),
+    written by the caller into the job folder before `start`."""
+
+    argv: list[str]
+    env: dict[str, str]
+    files: dict[str, str] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """Discover nodes; start, poll, signal and stop a worker group; say which nodes were lost."""
+
+    kind: Kind
+    capabilities: Capabilities
+
+    def discover(self) -> list[Node]: ...
+
+    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle: ...
+
+    def poll(self, handle: Handle) -> int | None: ...
+
+    def signal(self, handle: Handle, sig: int) -> None: ...
+
+    def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None: ...

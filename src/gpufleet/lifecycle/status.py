@@ -1,0 +1,49 @@
+"""The statuses a job and a cluster move through, as types.
+
+They are `StrEnum`s because the store, the JSON API and the dashboard keep them as the plain
+words they always were ("running", "succeeded"): a member compares equal to its word, so rows
+read back from the store need no conversion, and a typo in code is a mypy error rather than a
+job stuck in a status nothing looks for.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    """starting -> running (-> restarting | resizing -> running)* -> one of the final four."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"  # a failure is being retried (backing off, then a new run)
+    RESIZING = "resizing"  # the workers were asked to save and exit for a new size
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # by the user (gpufleet stop, Ctrl-C, SIGTERM)
+    INTERRUPTED = "interrupted"  # the supervisor died, or Ctrl-C in the foreground
+
+    @property
+    def active(self) -> bool:
+        return self in JOB_ACTIVE
+
+    @property
+    def final(self) -> bool:
+        return self in JOB_FINAL
+
+
+class ClusterStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+    @property
+    def active(self) -> bool:
+        return self in CLUSTER_ACTIVE
+
+
+JOB_ACTIVE: tuple[JobStatus, ...] = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.RESTARTING,
+                                     JobStatus.RESIZING)
+JOB_FINAL: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED,
+                                    JobStatus.INTERRUPTED)
+CLUSTER_ACTIVE: tuple[ClusterStatus, ...] = (ClusterStatus.PENDING, ClusterStatus.RUNNING)
