@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from gpufleet import catalog
+from gpufleet.backends.base import Kind, capabilities
 from gpufleet.errors import SpecError
 from gpufleet.parallelism import Layout, resolve
 
@@ -131,7 +132,7 @@ class ClusterSpec(_Spec):
     network: Literal["pcie", "nvlink", "nvswitch", "infiniband", "ethernet"] | None = None
     nodes: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
     disk: str = DEFAULT_DISK
-    backend: Literal["local", "ray", "sim"] = "local"
+    backend: Kind = "local"
     pool: str | None = None  # a named pool (gpufleet pool list); None: the default pool
     price_book: str | None = None
 
@@ -186,7 +187,9 @@ class ClusterSpec(_Spec):
         every node at 8 GPUs or fewer."""
         if self.nodes:
             return self.nodes
-        return 1 if self.backend == "local" else math.ceil(self.count / MAX_GPUS_PER_NODE)
+        if not capabilities(self.backend).multi_node:
+            return 1
+        return math.ceil(self.count / MAX_GPUS_PER_NODE)
 
     @property
     def per_node(self) -> int:
@@ -237,7 +240,8 @@ class ClusterSpec(_Spec):
             problems.append(("nodes", f"{self.count} GPUs cannot be split evenly over {nodes} "
                              "nodes; a cluster has the same number of GPUs on every node"))
         elif self.count // nodes > MAX_GPUS_PER_NODE:
-            where = " (the local backend has one node)" if self.backend == "local" else ""
+            where = (f" (the {self.backend} backend has one node)"
+                     if not capabilities(self.backend).multi_node else "")
             problems.append(("count", f"at most {MAX_GPUS_PER_NODE} GPUs per node: {self.count} "
                              f"GPUs need --nodes {math.ceil(self.count / MAX_GPUS_PER_NODE)} "
                              f"or more{where}"))
@@ -247,8 +251,8 @@ class ClusterSpec(_Spec):
         elif nodes > 1 and self.network is not None and self.network not in INTER_NODE_NETWORKS:
             problems.append(("network", f"{self.network} does not span nodes; {nodes} nodes need "
                              f"one of: {', '.join(INTER_NODE_NETWORKS)}"))
-        if nodes > 1 and self.backend == "local":
-            problems.append(("nodes", f"the local backend has one node; {nodes} nodes need a "
+        if nodes > 1 and not capabilities(self.backend).multi_node:
+            problems.append(("nodes", f"the {self.backend} backend has one node; {nodes} nodes need a "
                              "multi-node pool: gpufleet pool add ray --address HOST:PORT, or "
                              "gpufleet pool up --local --nodes 3 to try one here"))
         return problems

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpufleet.backends.base import capabilities
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, ClusterStatus
 from gpufleet.plan import cost
@@ -81,7 +82,7 @@ def network_of(spec: ClusterSpec, alloc: Allocation, nodes: list[Node]) -> str:
     pool) or PCIe (on this host)."""
     if spec.network:
         return spec.network
-    if spec.backend == "local":
+    if capabilities(spec.backend).this_host:
         return spec.fabric
     by_id = {n.id: n for n in nodes}
     first = by_id[alloc.placements[0].node_id]
@@ -97,7 +98,7 @@ def is_simulated(alloc: Allocation) -> bool:
 def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node],
              pool: str | None = None) -> Allocation:
     """Every reason to refuse, in the order a user would fix them; the allocation otherwise."""
-    if spec.backend == "local":
+    if capabilities(spec.backend).this_host:  # a pool's nodes report no disk here
         free_disk = min((n.free_disk_bytes for n in nodes), default=0)
         if spec.disk_bytes > free_disk:
             raise AllocationError(
@@ -107,7 +108,7 @@ def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node],
     if s.scalar(select(Cluster).where(Cluster.name == name, Cluster.status.in_(ACTIVE))):
         raise ConflictError(f"name: a cluster named '{name}' already exists; pick another "
                             f"name or stop it first (gpufleet stop {name})")
-    if spec.backend == "local":
+    if capabilities(spec.backend).this_host:
         return allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, held(s))
     return allocate(spec.gpu, spec.count, spec.nodes, spec.network, nodes, held(s, pool),
                     held_whole(s, pool), price=_price)

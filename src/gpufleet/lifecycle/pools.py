@@ -10,19 +10,23 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from gpufleet.backends import sim
+from gpufleet.backends.registry import open_backend
 from gpufleet.errors import ConflictError, NotFoundError, SpecError
 from gpufleet.lifecycle import clusters
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE
 from gpufleet.spec import check_name
-from gpufleet.store import Cluster, Pool, Store
+from gpufleet.store import Cluster, Pool, Store, gpufleet_home
+
+if TYPE_CHECKING:
+    from gpufleet.backends.local import LocalBackend
+    from gpufleet.backends.ray import RayBackend
+    from gpufleet.backends.sim import SimBackend
 
 LOCAL = "local"
-KINDS = ("local", "ray", "sim")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 
 
@@ -135,20 +139,12 @@ def remove(store: Store, name: str) -> Pool:
     return pool
 
 
-def backend_for(pool: Pool | None, cpu_slots: int | None = None) -> Any:
+def backend_for(pool: Pool | None,
+                cpu_slots: int | None = None) -> LocalBackend | SimBackend | RayBackend:
     """The backend object that discovers the pool's nodes (and starts processes on them)."""
-    from gpufleet.backends.local import LocalBackend
-    from gpufleet.store import gpufleet_home
-
     if pool is None:
-        return LocalBackend(cpu_slots, state_dir=gpufleet_home())
-    if pool.kind == "sim":
-        shapes = [sim.parse_shape(t) for t in json.loads(pool.spec_json)["shapes"]]
-        return sim.SimBackend(pool.name, shapes)
-    from gpufleet.backends.ray import RayBackend
-
-    assert pool.address is not None
-    return RayBackend(pool.name, pool.address, token_path(pool))
+        return open_backend("local", LOCAL, None, None, None, cpu_slots, gpufleet_home())
+    return open_backend(pool.kind, pool.name, pool.address, pool.spec_json, token_path(pool))
 
 
 def token_path(pool: Pool) -> Path | None:

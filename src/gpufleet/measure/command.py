@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet import catalog
+from gpufleet.backends.base import capabilities
 from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
 from gpufleet.launch.env import device_env
 from gpufleet.lifecycle import clusters
@@ -48,7 +49,7 @@ def _cluster(store: Store, name: str) -> tuple[Cluster, Placement]:
     if job is not None:
         raise ConflictError(f"cluster: '{name}' is running job '{job.name}'; measure it when idle "
                             "(a benchmark beside a job measures neither)")
-    if c.backend != "local":
+    if not capabilities(c.backend).this_host:
         raise GpufleetError(f"cluster: '{name}' is on pool {c.pool}; bench allreduce measures "
                             "this host's devices today (bench scaling runs through gpufleet run "
                             "and works on any pool)")
