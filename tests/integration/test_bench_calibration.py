@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from fleet_helpers import EXAMPLES, Fleet, error_lines
 
-pytestmark = pytest.mark.integration
 SPREAD = 0.25  # the worst relative miss observed, under load
 BOUND = 1 + 3 * SPREAD  # predicted/measured within [1/BOUND, BOUND]
 

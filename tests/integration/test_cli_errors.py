@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 from fleet_helpers import WORKERS, Fleet, error_lines
 
-pytestmark = pytest.mark.integration
-
 WORKER = str(WORKERS / "argv_echo.py")
 LAUNCH = ("launch", "--gpu")
 

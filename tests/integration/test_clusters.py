@@ -8,10 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from fleet_helpers import CLI, Fleet, error_lines
-
-pytestmark = pytest.mark.integration
 
 
 def test_launch_list_exec_ssh_stop(fleet: Fleet) -> None:

@@ -8,11 +8,8 @@ import sys
 import time
 
 import psutil
-import pytest
 
 from gpufleet.telemetry.collect import CpuSampler
-
-pytestmark = pytest.mark.integration
 
 BUSY = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
 IDLE = "import time; time.sleep(30)"

@@ -6,10 +6,7 @@ import json
 import subprocess
 import sys
 
-import pytest
 from fleet_helpers import WORKERS
-
-pytestmark = pytest.mark.integration
 
 
 def test_a_scripts_own_comm_hook_is_registered_timed_and_correct() -> None:

@@ -17,8 +17,6 @@ import pytest
 from fleet_helpers import WORKERS, Fleet
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def dashboard(fleet: Fleet) -> Iterator[str]:

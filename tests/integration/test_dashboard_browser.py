@@ -20,7 +20,6 @@ from fleet_helpers import WORKERS, Fleet
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = pytest.mark.integration
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 

@@ -12,8 +12,6 @@ from typing import Any
 import pytest
 from fleet_helpers import WORKERS, Fleet
 
-pytestmark = pytest.mark.integration
-
 JOB = str(WORKERS / "telemetry_job.py")
 
 CASES: list[tuple[str, list[str], list[str], dict[str, str], str, str, str]] = [

@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 from fleet_helpers import CLI, Fleet, error_lines
 
-pytestmark = pytest.mark.integration
-
 # `gpufleet doctor`, and the module entry point that runs the same `doctor()` without Typer.
 ENTRY_POINTS = {"cli": [*CLI, "doctor"], "module": [sys.executable, "-m", "gpufleet.doctor.command"]}
 

@@ -18,8 +18,6 @@ import pytest
 import yaml
 from fleet_helpers import EXAMPLES, Fleet, error_lines
 
-pytestmark = pytest.mark.integration
-
 GPT = str(EXAMPLES / "gpt.py")
 # The example GPT at its default shape (2 layers, 4 heads, so the preflight checks bite), trained
 # just long enough to log a loss twice: about 10-30 s per run on 2 CPU cores.

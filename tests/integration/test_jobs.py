@@ -14,8 +14,6 @@ import psutil
 import pytest
 from fleet_helpers import EXAMPLES, WORKERS, Fleet, error_lines, wait_no_leftovers
 
-pytestmark = pytest.mark.integration
-
 SLEEPER = str(WORKERS / "sleeper.py")
 MLP = str(EXAMPLES / "mlp.py")
 GPT = str(EXAMPLES / "gpt.py")

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from fleet_helpers import EXAMPLES, error_lines
 
-pytestmark = pytest.mark.integration
-
 CLI = [sys.executable, "-m", "gpufleet.cli"]
 ISSUE = ["plan", "--model", "llama3-70b", "--gpu", "H100", "--count", "8", "--network", "nvswitch",
          "--strategy", "fsdp", "--precision", "bf16-mixed", "--micro-batch", "2", "--seq", "4096",

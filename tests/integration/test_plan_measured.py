@@ -23,8 +23,6 @@ from gpufleet.parallelism import resolve
 from gpufleet.plan import memory
 from gpufleet.plan.models import param_count
 
-pytestmark = pytest.mark.integration
-
 # The worker's model (tests/integration/workers/strategies.py): GPT-2 style, untied head.
 PARAMS = param_count("gpt2", layers=4, hidden=32, heads=4, kv_heads=4, ffn=128, vocab=256,
                      max_seq=16, tied=False)

@@ -28,7 +28,6 @@ from gpufleet.backends import ray_local
 from gpufleet.lifecycle import pools
 from gpufleet.store import Store
 
-pytestmark = pytest.mark.integration
 NODES = 3
 PER_NODE = 2
 

@@ -14,8 +14,6 @@ import pytest
 from gpufleet.backends import ray_probe
 from gpufleet.errors import ConflictError
 
-pytestmark = pytest.mark.integration
-
 
 def _serve(answer: Callable[[socket.socket], None]) -> Iterator[str]:
     """A one-connection-at-a-time TCP server on a free loopback port, ended afterwards."""

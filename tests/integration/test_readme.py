@@ -23,10 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 from fleet_helpers import CLI, ROOT, Fleet
 
-pytestmark = pytest.mark.integration
 SERVERS = {"dashboard"}  # lines that serve until Ctrl-C
 LINE_TIMEOUT_S = 420.0
 

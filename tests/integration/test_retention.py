@@ -11,8 +11,6 @@ from sqlalchemy import func, select
 from gpufleet.store import Metric, Store, retention
 from gpufleet.telemetry import records
 
-pytestmark = pytest.mark.integration
-
 
 def _fill(store: Store, start: float, end: float, job: str = "long") -> None:
     rows = [Metric(time=t, cluster="c", job=job, node="local", rank=0, name="step_time_seconds",

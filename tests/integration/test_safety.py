@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 from fleet_helpers import CLI, WORKERS, Fleet, error_lines
 
-pytestmark = pytest.mark.integration
-
 EVIL_ARGS = ["; touch INJECTED #", "$(touch INJECTED2)", "`touch INJECTED3`", "&& touch INJECTED4",
              "| touch INJECTED5", "a b\tc", "--not-an-option", "'\"quoted\""]
 EVIL_ENV = "$(touch INJECTED6); touch INJECTED7"

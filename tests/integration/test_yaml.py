@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from fleet_helpers import EXAMPLES, Fleet, error_lines
-
-pytestmark = pytest.mark.integration
 
 
 def test_cluster_yaml_with_flag_override(fleet: Fleet) -> None:
