@@ -1,15 +1,12 @@
 """`gpufleet bench allreduce` and `bench scaling` on a real 2-slot CPU cluster, and the planner
-calibrated by them predicting what a different run measures.
+calibrated by them.
 
-The calibration comes from the example GPT at micro-batch 16; the prediction is for micro-batch
-32, measured by separate runs, so the check exercises the planner's model (compute from
-6 x params x tokens at the calibrated rate, CPU threads per worker, the gradient all-reduce at the
-measured bus bandwidth) rather than reading back what was stored.
-
-Both sides are speeds on a shared 2-core machine, so the bound here is three times the worst miss
-seen under load (25%: 334 predicted against 446 measured while other work ran): a wrong model
-(a factor of 2 in FLOPs or in threads per worker) still fails it. How close the prediction is on
-a quiet machine is a benchmark figure, not a test: bench/planner.py, in BENCHMARKS.md.
+What a test can check without asserting a speed: the sweep's rows obey the bandwidth formulas,
+the two benches write one calibration file, a CPU plan is refused without it and made with its
+rates (labelled calibrated), and a larger micro-batch is predicted faster but less than twice as
+fast (the same all-reduce each step). How close a calibrated prediction
+comes to a measured run is a speed on a shared machine, so it is a benchmark figure, not a test:
+bench/planner.py, in BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -20,9 +17,6 @@ from typing import Any
 
 import pytest
 from fleet_helpers import EXAMPLES, Fleet, error_lines
-
-SPREAD = 0.25  # the worst relative miss observed, under load
-BOUND = 1 + 3 * SPREAD  # predicted/measured within [1/BOUND, BOUND]
 
 GPT = str(EXAMPLES / "gpt.py")
 CONFIG = str(EXAMPLES / "gpt-config.json")
@@ -36,7 +30,7 @@ def scaling(fleet: Fleet, out: Path, batch: int, steps: int) -> dict[str, Any]:
     return json.loads(r.stdout)
 
 
-def test_calibrated_plan_predicts_another_batch_size(fleet: Fleet, tmp_path: Path) -> None:
+def test_benches_calibrate_the_planner(fleet: Fleet, tmp_path: Path) -> None:
     fleet.ok("launch", "--gpu", "cpu", "--count", "2", "--name", "cal", "-y")
     cal = tmp_path / "cal.json"
 
@@ -52,22 +46,22 @@ def test_calibrated_plan_predicts_another_batch_size(fleet: Fleet, tmp_path: Pat
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * factor)
         assert row["algbw_gbps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9)
 
-    calibrated = scaling(fleet, cal, batch=16, steps=80)
+    calibrated = scaling(fleet, cal, batch=16, steps=30)
     assert [row["workers"] for row in calibrated["rows"]] == [1, 2]
     assert calibrated["achieved_tflops"] > 0
     saved = json.loads(cal.read_text())
     assert saved["collectives"] and saved["scaling"], "the two benches share one file"
     assert saved["threads_per_worker"] == 2 // 1  # one worker alone gets both cores
 
-    measured = scaling(fleet, tmp_path / "measured.json", batch=32, steps=60)
-    for row in measured["rows"]:
-        n = row["workers"]
-        plan = fleet.json("plan", "--config", CONFIG, "--gpu", "cpu", "--count", str(n),
-                          "--micro-batch", "32", "--precision", "fp32", "--calibration", str(cal),
-                          "--json")
-        assert "compute" in plan["rates"]["calibrated"]
-        ratio = plan["samples_per_s"] / row["samples_per_s"]
-        assert 1 / BOUND <= ratio <= BOUND, (n, ratio, plan, row)
+    ask = ("plan", "--config", CONFIG, "--gpu", "cpu", "--count", "2", "--precision", "fp32",
+           "--json")
+    refused = fleet(*ask, "--micro-batch", "32")  # CPU workers have no catalog peak
+    assert refused.returncode == 2 and "calibration:" in refused.stderr, refused.stderr
+    small = fleet.json(*ask, "--micro-batch", "16", "--calibration", str(cal))
+    large = fleet.json(*ask, "--micro-batch", "32", "--calibration", str(cal))
+    assert "compute" in large["rates"]["calibrated"]
+    # the same all-reduce per step over twice the compute: more samples per second, not double
+    assert small["samples_per_s"] < large["samples_per_s"] < 2 * small["samples_per_s"]
 
 
 def test_bench_refuses_bad_requests_in_one_line(fleet: Fleet) -> None:
