@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal, Protocol, runtime_checkable
 
-from gpufleet.pool.model import Node
+from gpufleet.launch.torchrun import JobContext
+from gpufleet.parallelism import Layout
+from gpufleet.pool.model import Node, Placement
+from gpufleet.spec import JobSpec
 
 Kind = Literal["local", "ray", "sim"]
 KINDS: tuple[Kind, ...] = ("local", "ray", "sim")
@@ -63,6 +66,26 @@ class Handle(Protocol):
     @property
     def stdout(self) -> IO[bytes] | None: ...
 
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run of a job's worker group, as the supervisor asks a backend to prepare it."""
+
+    spec: JobSpec  # workers_per_node already set to the current size of an elastic job
+    layout: Layout
+    placements: list[Placement]  # the cluster's reservation by node, head first
+    workers: int  # the size of this run (a one-node backend takes that many devices)
+    ctx: JobContext
+    job_dir: Path
+    run_id: str  # unique per run: a rendezvous id that a late node of the last run cannot join
+    survive_env: dict[str, str]  # checkpoint folder, control file, run number, grad accumulation
+    cluster_name: str
+    cluster_devices: int  # devices the cluster holds in all (host memory is shared by slots)
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -76,12 +99,22 @@ class Prepared:
 
 
 class Backend(Protocol):
-    """Discover nodes; start, poll, signal and stop a worker group; say which nodes were lost."""
+    """Discover nodes; prepare, start, poll, signal and stop a worker group; say which nodes
+    were lost and where workers report. Everything the supervisor does with an engine."""
 
     kind: Kind
     capabilities: Capabilities
 
+    @property
+    def name(self) -> str:
+        """The kind, under its older name (the CLI still says `backend.name`)."""
+        ...
+
     def discover(self) -> list[Node]: ...
+
+    def prepare(self, run: RunRequest) -> Prepared:
+        """The command, environment (what gpufleet adds) and files of one run."""
+        ...
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle: ...
 
@@ -90,3 +123,25 @@ class Backend(Protocol):
     def signal(self, handle: Handle, sig: int) -> None: ...
 
     def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None: ...
+
+    def adopt_orphans(self) -> None:
+        """From now on, workers whose launcher died re-parent to this process (the supervisor),
+        so `end_orphans` can still end them."""
+        ...
+
+    def end_orphans(self) -> None:
+        """Kill whatever the runs left behind below this process."""
+        ...
+
+    def lost_nodes(self, job_dir: Path) -> set[str]:
+        """Nodes the last run lost (read once: a second call says none), for a heal."""
+        ...
+
+    def report_host(self) -> str:
+        """The address of this machine that the job's workers can send reports to."""
+        ...
+
+    @property
+    def pids_here(self) -> bool:
+        """Whether a worker pid in a report names a process on this machine."""
+        ...

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select
 
 from gpufleet.backends import sim
+from gpufleet.backends.base import Backend
 from gpufleet.errors import ConflictError, NotFoundError, SpecError
 from gpufleet.lifecycle import clusters
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE
@@ -135,7 +136,7 @@ def remove(store: Store, name: str) -> Pool:
     return pool
 
 
-def backend_for(pool: Pool | None, cpu_slots: int | None = None) -> Any:
+def backend_for(pool: Pool | None, cpu_slots: int | None = None) -> Backend:
     """The backend object that discovers the pool's nodes (and starts processes on them)."""
     from gpufleet.backends.local import LocalBackend
     from gpufleet.store import gpufleet_home
