@@ -139,8 +139,10 @@ class Supervisor:
                 self.feed(ev.StopRequested(jobs.STOP_REQUESTED))
         except KeyboardInterrupt:
             self.request_stop(machine.INTERRUPTED_REASON)
+            self.follow_ups.clear()  # what the cut-short actions had queued is moot
             self.feed(ev.Interrupted())
         except Exception as exc:  # recorded on the job; the traceback goes to the job folder
+            self.follow_ups.clear()
             self.feed(ev.SupervisorFailed(f"supervisor error: {type(exc).__name__}: {exc}"))
             with contextlib.suppress(OSError):
                 (job_dir / "supervisor-error.log").write_text(traceback.format_exc())
