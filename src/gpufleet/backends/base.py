@@ -137,6 +137,11 @@ class Backend(Protocol):
         """Nodes the last run lost (read once: a second call says none), for a heal."""
         ...
 
+    def node_lost(self, code: int, lines: list[str]) -> str | None:
+        """The line saying the run lost a node, if its exit (`code`, the launcher's last
+        `lines`) was that: its peers' errors are then knock-on effects, not the cause."""
+        ...
+
     def report_host(self) -> str:
         """The address of this machine that the job's workers can send reports to."""
         ...

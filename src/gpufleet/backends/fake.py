@@ -28,6 +28,7 @@ from gpufleet.backends.base import (
     Prepared,
     RunRequest,
 )
+from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.pool.model import Device, Node
 
 
@@ -195,6 +196,10 @@ class FakeBackend:
     def lost_nodes(self, job_dir: Path) -> set[str]:
         lost, self.lost = self.lost, set()
         return lost
+
+    def node_lost(self, code: int, lines: list[str]) -> str | None:
+        return next((ln for ln in reversed(lines) if ln.startswith("NodeLostError")), None) \
+            if code == NODE_LOST_EXIT else None
 
     def report_host(self) -> str:
         return "127.0.0.1"

@@ -188,6 +188,9 @@ class LocalBackend:
             return
         kill(left)
 
+    def node_lost(self, code: int, lines: list[str]) -> str | None:
+        return None  # one node: no node of ours goes without us
+
     def report_host(self) -> str:
         return ADDRESS
 

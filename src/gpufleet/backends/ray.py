@@ -29,6 +29,7 @@ import psutil
 
 from gpufleet import catalog
 from gpufleet.backends.base import CAPABILITIES, Capabilities, Handle, Kind, Prepared, RunRequest
+from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.backends.local import LocalBackend, free_port
 from gpufleet.backends.ray_auth import auth_env, use_here
 from gpufleet.errors import ConflictError, GpufleetError
@@ -160,6 +161,12 @@ class RayBackend:
     def pids_here(self) -> bool:
         """Worker pids in reports name processes on this machine only for a pool on loopback."""
         return is_loopback(self.address)
+
+    def node_lost(self, code: int, lines: list[str]) -> str | None:
+        """The driver exits NODE_LOST_EXIT after a line `NodeLostError: ...`."""
+        if code != NODE_LOST_EXIT:
+            return None
+        return next((ln for ln in reversed(lines) if ln.startswith("NodeLostError")), None)
 
     def report_host(self) -> str:
         """Loopback, unless the job's nodes are other machines, which reach us at the address

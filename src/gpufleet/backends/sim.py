@@ -128,5 +128,8 @@ class SimBackend:
     def end_orphans(self) -> None:
         pass
 
+    def node_lost(self, code: int, lines: list[str]) -> str | None:
+        return None
+
     def report_host(self) -> str:
         return "127.0.0.1"

@@ -25,7 +25,6 @@ from pathlib import Path
 import psutil
 
 from gpufleet.backends.base import Backend, Handle
-from gpufleet.backends.ray_run import NODE_LOST_EXIT
 from gpufleet.lifecycle import jobs
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.spec import JobSpec
@@ -244,8 +243,7 @@ class Supervisor:
             return
         rank, rank_code, last = self.sink.failure_tail()
         agent = self.sink.tail(None)
-        lost = next((ln for ln in reversed(agent) if ln.startswith("NodeLostError")),
-                    None) if code == NODE_LOST_EXIT else None
+        lost = self.backend.node_lost(code, agent)
         if lost is not None:  # a node went away: its peers' errors are knock-on effects
             rank, rank_code, last = None, None, agent[-8:]
         self.feed(ev.WorkersExited(code, rank, rank_code, lost or last_exception(last),
