@@ -27,11 +27,11 @@ import psutil
 from gpufleet.backends.base import Backend, Handle
 from gpufleet.lifecycle import jobs
 from gpufleet.lifecycle.status import JobStatus
-from gpufleet.spec import JobSpec
 from gpufleet.store import Cluster, Job, Metric, Store
-from gpufleet.supervise import elastic, machine
 from gpufleet.supervise import events as ev
+from gpufleet.supervise import machine
 from gpufleet.supervise.actions import Effects
+from gpufleet.supervise.elastic import elastic_plan
 from gpufleet.supervise.intake import Intake, opt_number
 from gpufleet.supervise.logs import LogSink, last_exception
 from gpufleet.supervise.telemetry import TelemetryState
@@ -39,6 +39,7 @@ from gpufleet.supervise.view import JobView, job_view
 
 FLUSH_EVERY_S = 0.25  # reports reach the store (and the dashboard) at most this late
 _opt = opt_number  # its older name
+__all__ = ["Supervisor", "elastic_plan", "main"]
 
 
 class Supervisor:
@@ -290,25 +291,6 @@ class Supervisor:
                     echo(rank, text.rstrip("\n"))
                 except Exception:  # the terminal went away (`| head`, closed pipe): stop echoing
                     echo = None
-
-
-def elastic_plan(spec: JobSpec, workers: int) -> tuple[elastic.Policy | None, list[int], int]:
-    """(policy, allowed sizes, first size) of an elastic job; (None, [n], n) otherwise."""
-    bounds = spec.worker_range
-    if bounds is None:
-        return None, [workers], workers
-    policy = elastic.Policy(bounds[0], bounds[1], spec.scale_up_util, spec.scale_down_util,
-                            spec.cooldown_s)
-    allowed = elastic.sizes(policy, lambda w: _fits(spec, w))
-    return policy, allowed, max([w for w in allowed if w <= workers] or allowed[:1] or [workers])
-
-
-def _fits(spec: JobSpec, workers: int) -> bool:
-    try:
-        spec.layout(workers)
-    except ValueError:
-        return False
-    return True
 
 
 def _report_socket(host: str = "127.0.0.1") -> socket.socket:
