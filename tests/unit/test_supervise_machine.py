@@ -372,3 +372,22 @@ def test_a_stop_while_healing_starts_nothing() -> None:
     state, actions = _feed(state, StopRequested(SIGTERM_REASON), Healed(2))
     assert actions == [Finish(75)] and state.phase == "done"
     assert _final(state) == (JobStatus.STOPPED, SIGTERM_REASON)
+
+
+def test_a_job_shrinks_then_grows_back_as_its_load_changes() -> None:
+    policy = elastic.Policy(1, 2, scale_up_util=0.45, scale_down_util=0.2, cooldown_s=3.0)
+    state = _running(policy=policy, allowed=(1, 2))
+    state, _ = _feed(state, WorkerNote("checkpointer", 0), Reported(0, 1), Reported(1, 1), now=0.0)
+    state, actions = _tick(state, 5.0, tuple((float(t), 0.03) for t in range(6)))
+    assert RequestWorkers("save_exit", 1) in actions
+    state, _ = _feed(state, WorkerNote("exit_for_resize", 0), WorkersExited(0), Resized(1),
+                     WorkersStarted(), now=6.0)
+    assert state.workers == 1 and state.training_since is None
+    state, _ = _feed(state, Reported(0, 14), now=7.0)
+    busy = tuple((float(t), 0.75) for t in range(7, 12))
+    assert machine.needs_free_devices(state, 11.0, busy)
+    state, actions = _feed(state, Reported(0, 20), Tick(busy, free=1), now=11.0)
+    assert actions == [RequestWorkers("save_exit", 2),
+                       Transition(JobStatus.RESIZING, "1 -> 2 workers: utilization 0.75 >= 0.45 "
+                                  "over 3 s"), Say("resizing 1 -> 2 workers: utilization 0.75 >= "
+                                                   "0.45 over 3 s")]
