@@ -43,6 +43,9 @@ __all__ = ["Supervisor", "elastic_plan", "main"]
 
 
 class Supervisor:
+    """One job's supervisor: the machine's state, and the I/O around it (the backend's process
+    tree, the report socket, the logs, the store). `run()` drives it to the job's end."""
+
     def __init__(self, store: Store, job: Job, cluster: Cluster, backend: Backend,
                  on_tick: Callable[[JobView], None] | None = None,
                  on_line: Callable[[int | None, str], None] | None = None):
