@@ -139,3 +139,18 @@ def test_a_supervisor_error_fails_the_job_with_its_traceback_kept(store: Store) 
     assert job.status == JobStatus.FAILED
     assert job.reason == "supervisor error: OSError: no such launcher"
     assert "OSError" in (Path(job.job_dir) / "supervisor-error.log").read_text()
+
+
+def test_workers_that_go_quiet_are_ended_as_hung(store: Store) -> None:
+    def handler(run: FakeRun) -> Iterator[WorkerEvent]:
+        yield from _reports(2)
+        yield Pause(60.0)  # alive, but silent
+        yield Exit(0)
+
+    t0 = time.monotonic()
+    job, events, _ = _run(store, FakeBackend(handler), hang_timeout="1s")
+    assert time.monotonic() - t0 < 15
+    assert job.status == JobStatus.FAILED and job.exit_code is None
+    assert job.reason.startswith("no rank reported for 1 s (hang timeout 1 s)")
+    assert job.reason.endswith("(restarts are off: --max-restarts 0)")
+    assert [k for k, _ in events] == ["starting", "running", "hang", "failed"]
