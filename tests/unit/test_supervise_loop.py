@@ -68,7 +68,8 @@ def test_a_run_that_reports_and_exits_0_succeeds(store: Store) -> None:
     backend = FakeBackend(handler)
     job, events, said = _run(store, backend)
     assert job.status == JobStatus.SUCCEEDED and job.reason == "all workers exited 0"
-    assert (job.step, job.total_steps, job.exit_code) == (3, 3, 0)
+    assert (job.step, job.total_steps, job.exit_code, job.samples) == (3, 3, 0, 24)
+    assert job.samples_per_s is not None and job.samples_per_s > 0  # the scaling yardstick
     assert [k for k, _ in events] == ["starting", "running", "succeeded"]
     assert said == ["hello"]
     assert (Path(job.job_dir) / "logs" / "rank0.log").read_text() == "hello\n"
