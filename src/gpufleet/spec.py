@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from gpufleet import catalog
-from gpufleet.backends.base import Kind, capabilities
+from gpufleet.backends.kinds import Kind, capabilities
 from gpufleet.errors import SpecError
 from gpufleet.parallelism import Layout, resolve
 

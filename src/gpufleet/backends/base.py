@@ -1,56 +1,22 @@
-"""The one interface every engine implements, and what each engine can do.
+"""The one interface every engine implements.
 
-Code outside `backends/` never asks which engine a pool is: it asks `capabilities(kind)` (for
-a spec or a stored cluster, before any backend object exists) or `backend.capabilities`, and
-calls the `Backend` protocol. A third engine (Slurm, Kubernetes) is a new module here and a row
-in `CAPABILITIES`, not a branch in the supervisor, the CLI and the allocator.
+Code outside `backends/` calls this protocol and reads `backend.capabilities` (what each kind
+can do is in `kinds.py`); it never compares a backend's name. A third engine (Slurm,
+Kubernetes) is a new module here that mypy checks against `Backend`, and a row in
+`kinds.CAPABILITIES`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal, Protocol, runtime_checkable
+from typing import IO, Protocol, runtime_checkable
 
-from gpufleet.pool.model import Node
-
-Kind = Literal["local", "ray", "sim"]
-KINDS: tuple[Kind, ...] = ("local", "ray", "sim")
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What an engine can do, so callers decide by capability rather than by name."""
-
-    this_host: bool  # its one node is the machine gpufleet runs on (disk checked, bench here)
-    multi_node: bool  # a cluster may span nodes; a job runs one process group per node
-    elastic: bool  # a job may change size while it runs (--workers MIN:MAX)
-    ssh: bool  # `gpufleet ssh` reaches a shell on its nodes
-    simulated: bool  # declared devices: plan and reserve only, no processes run
-    samples_devices: bool  # the supervisor samples devices itself (else node agents report)
-
-    @property
-    def runs_jobs(self) -> bool:
-        return not self.simulated
-
-
-CAPABILITIES: Mapping[Kind, Capabilities] = {
-    "local": Capabilities(this_host=True, multi_node=False, elastic=True, ssh=True,
-                          simulated=False, samples_devices=True),
-    "ray": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=True,
-                        simulated=False, samples_devices=False),
-    "sim": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=False,
-                        simulated=True, samples_devices=False),
-}
-
-
-def capabilities(kind: str | None) -> Capabilities:
-    """The capabilities of a pool kind as stored on a cluster or spec (None: this host)."""
-    for known, caps in CAPABILITIES.items():
-        if known == (kind or "local"):
-            return caps
-    raise ValueError(f"unknown backend kind {kind!r}; known: {', '.join(KINDS)}")
+from gpufleet.backends.kinds import Capabilities, Kind
+from gpufleet.launch.torchrun import JobContext
+from gpufleet.parallelism import Layout
+from gpufleet.pool.model import Node, Placement
+from gpufleet.spec import JobSpec
 
 
 @runtime_checkable
@@ -62,6 +28,26 @@ class Handle(Protocol):
 
     @property
     def stdout(self) -> IO[bytes] | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run of a job's worker group, as the supervisor asks a backend to prepare it."""
+
+    spec: JobSpec  # workers_per_node already set to the current size of an elastic job
+    layout: Layout
+    placements: list[Placement]  # the cluster's reservation by node, head first
+    workers: int  # the size of this run (a one-node backend takes that many devices)
+    ctx: JobContext
+    job_dir: Path
+    run_id: str  # unique per run: a rendezvous id that a late node of the last run cannot join
+    survive_env: dict[str, str]  # checkpoint folder, control file, run number, grad accumulation
+    cluster_name: str
+    cluster_devices: int  # devices the cluster holds in all (host memory is shared by slots)
 
 
 @dataclass(frozen=True)
@@ -76,12 +62,22 @@ class Prepared:
 
 
 class Backend(Protocol):
-    """Discover nodes; start, poll, signal and stop a worker group; say which nodes were lost."""
+    """Discover nodes; prepare, start, poll, signal and stop a worker group; say which nodes
+    were lost and where workers report. Everything the supervisor does with an engine."""
 
     kind: Kind
     capabilities: Capabilities
 
+    @property
+    def name(self) -> str:
+        """The kind, under its older name (the CLI still says `backend.name`)."""
+        ...
+
     def discover(self) -> list[Node]: ...
+
+    def prepare(self, run: RunRequest) -> Prepared:
+        """The command, environment (what gpufleet adds) and files of one run."""
+        ...
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle: ...
 
@@ -90,3 +86,30 @@ class Backend(Protocol):
     def signal(self, handle: Handle, sig: int) -> None: ...
 
     def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None: ...
+
+    def adopt_orphans(self) -> None:
+        """From now on, workers whose launcher died re-parent to this process (the supervisor),
+        so `end_orphans` can still end them."""
+        ...
+
+    def end_orphans(self) -> None:
+        """Kill whatever the runs left behind below this process."""
+        ...
+
+    def lost_nodes(self, job_dir: Path) -> set[str]:
+        """Nodes the last run lost (read once: a second call says none), for a heal."""
+        ...
+
+    def node_lost(self, code: int, lines: list[str]) -> str | None:
+        """The line saying the run lost a node, if its exit (`code`, the launcher's last
+        `lines`) was that: its peers' errors are then knock-on effects, not the cause."""
+        ...
+
+    def report_host(self) -> str:
+        """The address of this machine that the job's workers can send reports to."""
+        ...
+
+    @property
+    def pids_here(self) -> bool:
+        """Whether a worker pid in a report names a process on this machine."""
+        ...

@@ -12,14 +12,18 @@ import shutil
 import signal as signals
 import socket
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
 import psutil
 
 from gpufleet import catalog
+from gpufleet.backends import base
+from gpufleet.backends.base import Prepared, RunRequest
+from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
 from gpufleet.errors import SpecError
+from gpufleet.launch import frameworks
 from gpufleet.pool.model import Device, Node
 
 NODE_ID = "local"
@@ -125,9 +129,23 @@ class Handle:
     def stdout(self) -> IO[bytes] | None:
         return self.proc.stdout
 
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
 
 class LocalBackend:
+    """This host: torchrun (or the job's framework launcher) as a local process tree."""
+
+    kind: Kind = "local"
     name = "local"
+    capabilities: Capabilities = CAPABILITIES["local"]
+    pids_here = True  # workers run here, so the pids in their reports are ours to inspect
 
     def __init__(self, cpu_slots: int | None = None, state_dir: Path | None = None):
         self.cpu_slots = cpu_slot_count(cpu_slots)
@@ -146,6 +164,37 @@ class LocalBackend:
             inter_fabric=None, free_disk_bytes=shutil.disk_usage(disk_path).free,
         )]
 
+    def prepare(self, run: RunRequest) -> Prepared:
+        """The framework's launcher on the first `run.workers` devices of the one node."""
+        first = run.placements[0]
+        placement = replace(first, devices=first.devices[: run.workers])
+        cmd = frameworks.build(run.spec, run.layout, placement, run.ctx, port=free_port())
+        return Prepared(cmd.argv, cmd.env, cmd.files)
+
+    def lost_nodes(self, job_dir: Path) -> set[str]:
+        return set()  # this host is the one node: if it went, so did we
+
+    def adopt_orphans(self) -> None:
+        become_subreaper()
+
+    def end_orphans(self) -> None:
+        """Kill anything still below us (workers re-parented to us as subreaper).
+
+        A supervisor owns its process: it runs as the `gpufleet run` command or as a detached
+        `python -m gpufleet.supervise.supervisor`, never inside a program with other children.
+        """
+        try:
+            left = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return
+        kill(left)
+
+    def node_lost(self, code: int, lines: list[str]) -> str | None:
+        return None  # one node: no node of ours goes without us
+
+    def report_host(self) -> str:
+        return ADDRESS
+
     def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
         """Start `argv` (never through a shell) in a new session, merging stderr into stdout.
 
@@ -159,10 +208,10 @@ class LocalBackend:
         )
         return Handle(proc)
 
-    def poll(self, handle: Handle) -> int | None:
-        return handle.proc.poll()
+    def poll(self, handle: base.Handle) -> int | None:
+        return handle.poll()
 
-    def signal(self, handle: Handle, sig: int) -> None:
+    def signal(self, handle: base.Handle, sig: int) -> None:
         """Signal the whole tree: torchrun starts each worker in a session of its own, so a
         process-group signal would miss them; we walk the descendants instead."""
         send_signal(_tree(handle.pid), sig)
@@ -185,20 +234,27 @@ class LocalBackend:
             raise
         return (out or b"").decode(errors="replace"), None if timed_out else handle.proc.returncode
 
-    def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None:
+    def kill_tree(self, handle: base.Handle, grace_s: float = 10.0) -> None:
         """SIGTERM the tree, then SIGKILL whatever is still alive after `grace_s` seconds."""
         procs = _tree(handle.pid)
         send_signal(procs, signals.SIGTERM)
         _, alive = psutil.wait_procs(procs, timeout=grace_s)
         # a worker started while we waited (torchrun restarting) is caught here too
         kill(list({p.pid: p for p in alive + _tree(handle.pid)}.values()))
-        try:
-            handle.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        handle.wait(5.0)
 
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Orphaned workers (their torchrun died first) re-parent to us, so we can still end them."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def term_on_parent_death() -> None:

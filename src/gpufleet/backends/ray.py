@@ -19,17 +19,23 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import psutil
 
 from gpufleet import catalog
+from gpufleet.backends.base import Handle, Prepared, RunRequest
+from gpufleet.backends.exits import NODE_LOST_EXIT
+from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
+from gpufleet.backends.local import LocalBackend, free_port
 from gpufleet.backends.ray_auth import auth_env, use_here
-from gpufleet.errors import ConflictError
+from gpufleet.errors import ConflictError, GpufleetError
+from gpufleet.launch import multinode
 from gpufleet.pool.model import FABRIC_LEVEL, Device, Node
-
-if TYPE_CHECKING:
-    from gpufleet.backends.local import Handle
 
 LABEL_GPU = "gpufleet/gpu"
 LABEL_FABRIC = "gpufleet/fabric"
@@ -39,6 +45,7 @@ LABEL_NODE = "gpufleet/node"
 RESOURCE = "gpufleet_gpu"
 NETWORKS = ("infiniband", "ethernet")
 NAMESPACE = "gpufleet"
+PLAN_FILE = "ray-plan.json"  # in the job folder; the driver writes the lost nodes beside it
 
 
 def _count(resources: dict[str, float], key: str) -> int:
@@ -125,12 +132,13 @@ class RayBackend:
     local process tree. `token_path` is the pool's copy of the cluster's token (None: the
     cluster does not use token authentication)."""
 
+    kind: Kind = "ray"
     name = "ray"
+    capabilities: Capabilities = CAPABILITIES["ray"]
 
     def __init__(self, pool: str, address: str, token_path: Path | None = None,
                  token_source: str | None = None, adding: bool = False):
         from gpufleet.backends import ray_probe
-        from gpufleet.backends.local import LocalBackend
 
         self.pool, self.address, self.token_path = pool, address, token_path
         self.token_source = token_source or f"pool {pool}'s copy ({token_path})"
@@ -149,6 +157,64 @@ class RayBackend:
 
     def driver_argv(self, plan_path: Path) -> list[str]:
         return [sys.executable, "-m", "gpufleet.backends.ray_run", str(plan_path)]
+
+    @property
+    def pids_here(self) -> bool:
+        """Worker pids in reports name processes on this machine only for a pool on loopback."""
+        return is_loopback(self.address)
+
+    def node_lost(self, code: int, lines: list[str]) -> str | None:
+        """The driver exits NODE_LOST_EXIT after a line `NodeLostError: ...`."""
+        if code != NODE_LOST_EXIT:
+            return None
+        return next((ln for ln in reversed(lines) if ln.startswith("NodeLostError")), None)
+
+    def report_host(self) -> str:
+        """Loopback, unless the job's nodes are other machines, which reach us at the address
+        our route to the pool leaves from."""
+        if is_loopback(self.address):
+            return "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((self.address.rsplit(":", 1)[0], 9))  # UDP: picks a route, sends nothing
+            return str(probe.getsockname()[0])
+
+    def prepare(self, run: RunRequest) -> Prepared:
+        """The plan for the Ray driver (ray-plan.json: one torchrun per node) and the command
+        that runs it."""
+        nodes = {n.id: n for n in self.discover()}
+        missing = [p.node_id for p in run.placements if p.node_id not in nodes]
+        if missing:
+            raise GpufleetError(f"node(s) {', '.join(missing)} of cluster {run.cluster_name} "
+                                "are not in the Ray cluster")
+        head = run.placements[0].address
+        loopback = is_loopback(head)
+        plan = multinode.plan(
+            run.spec, run.layout, run.placements, nodes, run.ctx,
+            port=free_port(head if loopback else ""), run_id=run.run_id,
+            user_env={**run.survive_env, **run.spec.env}, ready_timeout_s=60.0,
+            address=self.address, loopback=loopback,
+            memory_per_slot=psutil.virtual_memory().total // max(1, run.cluster_devices))
+        path = run.job_dir / PLAN_FILE
+        files = {k: v for n in plan["nodes"] for k, v in n["files"].items()}
+        files[PLAN_FILE] = json.dumps(plan, indent=1)
+        return Prepared(self.driver_argv(path), {"GPUFLEET_JOB": run.ctx.job_name,
+                                                 "PYTHONUNBUFFERED": "1"}, files)
+
+    def adopt_orphans(self) -> None:
+        self.procs.adopt_orphans()
+
+    def end_orphans(self) -> None:
+        self.procs.end_orphans()
+
+    def lost_nodes(self, job_dir: Path) -> set[str]:
+        """The nodes the driver named lost (Ray may not have marked them dead yet)."""
+        lost_file = (job_dir / PLAN_FILE).with_suffix(".lost")
+        try:
+            lost = {str(n) for n in json.loads(lost_file.read_text())}
+            lost_file.unlink()
+        except (OSError, ValueError, TypeError):
+            return set()
+        return lost
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
         return self.procs.start(argv, auth_env(env, self.token_path), cwd)

@@ -34,9 +34,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.backends.local import term_on_parent_death
 
-NODE_LOST_EXIT = 75  # EX_TEMPFAIL: the job may run again on other nodes
 PLACE_FAILED_EXIT = 70
 READY_TIMEOUT_S = 60.0
 POLL_S = 0.2

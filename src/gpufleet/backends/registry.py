@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from gpufleet.backends.local import LocalBackend
-    from gpufleet.backends.ray import RayBackend
-    from gpufleet.backends.sim import SimBackend
+from gpufleet.backends.base import Backend
 
 
 def open_backend(kind: str, pool: str, address: str | None, settings_json: str | None,
                  token_path: Path | None, cpu_slots: int | None = None,
-                 state_dir: Path | None = None) -> LocalBackend | SimBackend | RayBackend:
+                 state_dir: Path | None = None) -> Backend:
     """The backend for a pool row's fields; `kind` "local" is this host (`cpu_slots` CPU worker
     slots, scratch space under `state_dir`)."""
     if kind == "local":

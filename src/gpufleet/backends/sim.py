@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpufleet import catalog
-from gpufleet.errors import SpecError
+from gpufleet.backends.base import Handle, Prepared, RunRequest
+from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
+from gpufleet.errors import ConflictError, SpecError
 from gpufleet.pool.model import Device, Node
 
 NETWORKS = ("infiniband", "ethernet")
@@ -82,8 +85,16 @@ def build_nodes(pool: str, shapes: list[Shape]) -> list[Node]:
     return nodes
 
 
+RUNS_NOTHING = "a simulated pool only plans and reserves; a job needs a local or Ray pool"
+
+
 class SimBackend:
+    """Discovers declared nodes; every process-side call refuses, since nothing runs here."""
+
+    kind: Kind = "sim"
     name = "sim"
+    capabilities: Capabilities = CAPABILITIES["sim"]
+    pids_here = False
 
     def __init__(self, pool: str, shapes: list[Shape]):
         self.pool, self.shapes = pool, shapes
@@ -93,3 +104,33 @@ class SimBackend:
         if self._nodes is None:
             self._nodes = build_nodes(self.pool, self.shapes)
         return self._nodes
+
+    def prepare(self, run: RunRequest) -> Prepared:
+        raise ConflictError(f"cluster {run.cluster_name}: {RUNS_NOTHING}")
+
+    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
+        raise ConflictError(RUNS_NOTHING)
+
+    def poll(self, handle: Handle) -> int | None:
+        raise ConflictError(RUNS_NOTHING)
+
+    def signal(self, handle: Handle, sig: int) -> None:
+        raise ConflictError(RUNS_NOTHING)
+
+    def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None:
+        raise ConflictError(RUNS_NOTHING)
+
+    def lost_nodes(self, job_dir: Path) -> set[str]:
+        return set()
+
+    def adopt_orphans(self) -> None:
+        pass
+
+    def end_orphans(self) -> None:
+        pass
+
+    def node_lost(self, code: int, lines: list[str]) -> str | None:
+        return None
+
+    def report_host(self) -> str:
+        return "127.0.0.1"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpufleet.backends.base import capabilities
+from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, ClusterStatus
 from gpufleet.plan import cost

@@ -10,21 +10,17 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import select
 
+from gpufleet.backends.base import Backend
 from gpufleet.backends.registry import open_backend
 from gpufleet.errors import ConflictError, NotFoundError, SpecError
 from gpufleet.lifecycle import clusters
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE
 from gpufleet.spec import check_name
 from gpufleet.store import Cluster, Pool, Store, gpufleet_home
-
-if TYPE_CHECKING:
-    from gpufleet.backends.local import LocalBackend
-    from gpufleet.backends.ray import RayBackend
-    from gpufleet.backends.sim import SimBackend
 
 LOCAL = "local"
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
@@ -139,8 +135,7 @@ def remove(store: Store, name: str) -> Pool:
     return pool
 
 
-def backend_for(pool: Pool | None,
-                cpu_slots: int | None = None) -> LocalBackend | SimBackend | RayBackend:
+def backend_for(pool: Pool | None, cpu_slots: int | None = None) -> Backend:
     """The backend object that discovers the pool's nodes (and starts processes on them)."""
     if pool is None:
         return open_backend("local", LOCAL, None, None, None, cpu_slots, gpufleet_home())

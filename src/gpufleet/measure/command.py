@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet import catalog
-from gpufleet.backends.base import capabilities
+from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
 from gpufleet.launch.env import device_env
 from gpufleet.lifecycle import clusters

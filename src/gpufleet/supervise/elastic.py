@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpufleet.spec import JobSpec
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -71,3 +73,22 @@ def decide(policy: Policy, allowed: list[int], workers: int,
         return Decision(smaller[-1], f"utilization {mean:.2f} <= {policy.scale_down_util:.2f} "
                         f"over {window}")
     return Decision(workers, f"utilization {mean:.2f} within thresholds")
+
+
+def elastic_plan(spec: JobSpec, workers: int) -> tuple[Policy | None, list[int], int]:
+    """(policy, allowed sizes, first size) of an elastic job; (None, [n], n) otherwise."""
+    bounds = spec.worker_range
+    if bounds is None:
+        return None, [workers], workers
+    policy = Policy(bounds[0], bounds[1], spec.scale_up_util, spec.scale_down_util,
+                            spec.cooldown_s)
+    allowed = sizes(policy, lambda w: _fits(spec, w))
+    return policy, allowed, max([w for w in allowed if w <= workers] or allowed[:1] or [workers])
+
+
+def _fits(spec: JobSpec, workers: int) -> bool:
+    try:
+        spec.layout(workers)
+    except ValueError:
+        return False
+    return True

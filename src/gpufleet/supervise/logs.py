@@ -79,6 +79,13 @@ class LogSink:
     def tail(self, rank: int | None) -> list[str]:
         return list(self.tails.get(rank, ()))
 
+    def failure_tail(self) -> tuple[int | None, int | None, list[str]]:
+        """(the rank that failed first, its exit code, its last 8 lines: the agent's when no
+        rank can be blamed)."""
+        rank, rank_code = failed_rank(self.tail(None), self.tails)
+        last = self.tail(rank)[-8:] if rank is not None else self.tail(None)[-8:]
+        return rank, rank_code, last
+
     def close(self) -> None:
         self.combined.close()
         for f in self.files.values():

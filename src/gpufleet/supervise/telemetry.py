@@ -28,7 +28,7 @@ from gpufleet.telemetry.diagnose import Inputs, Thresholds, diagnose
 from gpufleet.telemetry.schema import DEVICE_METRICS
 
 if TYPE_CHECKING:
-    from gpufleet.backends.local import Handle
+    from gpufleet.backends.base import Handle
     from gpufleet.supervise.logs import LogSink
     from gpufleet.supervise.supervisor import Supervisor
 

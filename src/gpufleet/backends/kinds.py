@@ -1,0 +1,51 @@
+"""The engine kinds and what each can do: a leaf module, so the spec (which validates a pool's
+kind) and the allocator can ask without importing any engine or the backend protocol.
+
+Code outside `backends/` never asks which engine a pool is: it asks `capabilities(kind)` (for
+a spec or a stored cluster, before any backend object exists) or `backend.capabilities`. A new
+engine (Slurm, Kubernetes) is a row in `CAPABILITIES`, not a branch in the supervisor, the CLI
+and the allocator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["local", "ray", "sim"]
+KINDS: tuple[Kind, ...] = ("local", "ray", "sim")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, so callers decide by capability rather than by name."""
+
+    this_host: bool  # its one node is the machine gpufleet runs on (disk checked, bench here)
+    multi_node: bool  # a cluster may span nodes; a job runs one process group per node
+    elastic: bool  # a job may change size while it runs (--workers MIN:MAX)
+    ssh: bool  # `gpufleet ssh` reaches a shell on its nodes
+    simulated: bool  # declared devices: plan and reserve only, no processes run
+    samples_devices: bool  # the supervisor samples devices itself (else node agents report)
+
+    @property
+    def runs_jobs(self) -> bool:
+        return not self.simulated
+
+
+CAPABILITIES: Mapping[Kind, Capabilities] = {
+    "local": Capabilities(this_host=True, multi_node=False, elastic=True, ssh=True,
+                          simulated=False, samples_devices=True),
+    "ray": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=True,
+                        simulated=False, samples_devices=False),
+    "sim": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=False,
+                        simulated=True, samples_devices=False),
+}
+
+
+def capabilities(kind: str | None) -> Capabilities:
+    """The capabilities of a pool kind as stored on a cluster or spec (None: this host)."""
+    for known, caps in CAPABILITIES.items():
+        if known == (kind or "local"):
+            return caps
+    raise ValueError(f"unknown backend kind {kind!r}; known: {', '.join(KINDS)}")

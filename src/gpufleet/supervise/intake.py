@@ -1,0 +1,172 @@
+"""What arrives on the report socket: progress reports, Checkpointer notes, node agents' device
+samples; turned into job progress and metric rows (for the store) and machine events.
+
+The port is open to any local process, so every field is typed here: a string where a number
+belongs raises ValueError and drops the datagram, rather than reaching the store or the page.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from typing import Any
+
+from gpufleet.store import Cluster, Job, Metric, Store
+from gpufleet.supervise.events import Event, RecordEvent, Reported, WorkerNote
+from gpufleet.supervise.progress import Report, Throughput
+from gpufleet.supervise.view import MODEL_STATE_METRICS
+from gpufleet.telemetry.recent import Recent
+from gpufleet.telemetry.schema import DEVICE_METRICS, JOB_RANK
+
+_NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total", "pid")
+_PROGRESS = ("step", "total_steps", "samples", "loss", "first_loss", "samples_per_s",
+             "first_step", "first_step_at", "last_report_at")
+
+
+def opt_number(kind: type[int] | type[float], value: Any) -> Any:
+    """`value` as `kind`, None kept; anything else (a string, a list) raises ValueError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"not a number: {value!r}")
+    return kind(value)
+
+
+def note_of(rec: dict[str, Any]) -> tuple[WorkerNote, RecordEvent | None]:
+    """A Checkpointer note, and the job event it is recorded as (if any)."""
+    kind = str(rec["event"])
+    step = opt_number(int, rec.get("step"))
+    note = WorkerNote(kind, int(rec["rank"]), step)
+    if kind == "checkpoint":
+        size = opt_number(float, rec.get("bytes")) or 0.0
+        blocked = opt_number(float, rec.get("blocked_s")) or 0.0
+        mode = "async" if rec.get("async_save") else "sync"
+        return note, RecordEvent("checkpoint", f"step {step} saved ({size / 1e6:.1f} MB, {mode}; "
+                                 f"training blocked {blocked:.3f} s)")
+    if kind == "checkpoint_copied":
+        return note, RecordEvent(kind, f"step {step} copied to {str(rec.get('path'))[:300]}")
+    if kind in ("checkpoint_skipped", "checkpoint_copy_failed"):
+        return note, RecordEvent(kind, f"step {step}: {str(rec.get('why'))[:300]}")
+    if kind == "resumed":
+        return note, RecordEvent("resumed", f"from the checkpoint at step {step}")
+    return note, None
+
+
+class Intake:
+    """The job's progress as reports tell it, and the metric rows waiting for the store.
+
+    `pending` is shared with the device sampler thread, hence the lock.
+    """
+
+    def __init__(self, job: Job, cluster: Cluster):
+        self.job, self.cluster = job, cluster
+        self.throughput = Throughput()
+        self.pending: list[Metric] = []
+        self.lock = threading.Lock()
+        self.recent = Recent()
+        self.model_state: dict[int, dict[str, float]] = {}  # rank -> latest model-state bytes
+        self.progress_dirty = False
+        self.samples_before = 0
+        self.worker_pids: dict[int, int] = {}
+
+    def new_run(self) -> None:
+        """Reports count from 0 in each run of the workers."""
+        self.worker_pids = {}
+        self.samples_before = self.job.samples or 0
+        self.throughput = Throughput()
+        self.job.first_step = self.job.first_step_at = None
+
+    def datagram(self, data: bytes, pids_here: bool) -> list[Event | RecordEvent]:
+        """One datagram in; the machine events and job events it makes. A malformed one is
+        dropped: not worth failing a job over."""
+        try:
+            rec = json.loads(data)
+            if "event" in rec:
+                note, record = note_of(rec)
+                return [note] if record is None else [note, record]
+            if "device_samples" in rec:
+                self._samples(rec)
+                return []
+            return [self._report(rec, pids_here)]
+        except (ValueError, TypeError, KeyError, OverflowError):
+            return []
+
+    def add_samples(self, rows: list[Metric]) -> None:
+        with self.lock:
+            self.pending += rows
+
+    def _samples(self, rec: dict[str, Any]) -> None:
+        """Device samples from a node's agent (a Ray pool), keyed by the device's position in
+        the cluster and labelled node/device."""
+        node = str(rec["node"])[:32]
+        t = float(rec["t"])
+        rows = []
+        for key, device, name, value in rec["device_samples"]:
+            if name not in DEVICE_METRICS or not isinstance(value, int | float):
+                continue
+            self.recent.add(name, int(key), t, float(value))
+            if math.isfinite(value):
+                rows.append(Metric(time=t, cluster=self.cluster.name, job=self.job.name,
+                                   node=node, rank=int(key), device=f"{node}/{str(device)[:24]}",
+                                   name=name, value=float(value)))
+        self.add_samples(rows)
+
+    def _report(self, rec: dict[str, Any], pids_here: bool) -> Reported:
+        r = Report(t=float(rec["t"]), rank=int(rec["rank"]), step=int(rec["step"]),
+                   samples=opt_number(int, rec.get("samples")),
+                   loss=opt_number(float, rec.get("loss")),
+                   total_steps=opt_number(int, rec.get("total_steps")),
+                   samples_total=opt_number(int, rec.get("samples_total")))
+        if isinstance(rec.get("pid"), int) and pids_here:
+            self.worker_pids[r.rank] = rec["pid"]
+        rows = []
+        for key, value in rec.items():
+            if key in MODEL_STATE_METRICS and isinstance(value, int | float):
+                self.model_state.setdefault(r.rank, {})[key] = float(value)
+            if key not in _NOT_METRICS and isinstance(value, int | float) \
+                    and not isinstance(value, bool):
+                self.recent.add(key, r.rank, r.t, float(value))  # NaN too: a diagnosis
+                if math.isfinite(value):  # SQL has no NaN; a lost sample, not a lost job
+                    rows.append(Metric(
+                        time=r.t, cluster=self.cluster.name, job=self.job.name, node="local",
+                        rank=r.rank, name=key, value=float(value)))
+        self.add_samples(rows)
+        if r.rank == 0:
+            self._progress(r)
+        return Reported(r.rank, r.step)
+
+    def _progress(self, r: Report) -> None:
+        j = self.job
+        self.throughput.add(r)
+        if j.first_step_at is None:
+            j.first_step_at, j.first_step = r.t, r.step
+        j.step, j.last_report_at = r.step, r.t
+        j.samples = self.samples_before + self.throughput.total_samples
+        if r.total_steps is not None:
+            j.total_steps = r.total_steps
+        if r.loss is not None:
+            j.loss = r.loss
+            if j.first_loss is None:
+                j.first_loss = r.loss
+        j.samples_per_s = self.throughput.samples_per_s()
+        self.progress_dirty = True
+
+    def flush(self, store: Store) -> None:
+        """Progress onto the job's row and the waiting metric rows, in one write."""
+        with self.lock:
+            rows, self.pending = self.pending, []
+        if not self.progress_dirty and not rows:
+            return
+        j = self.job
+        if self.progress_dirty and j.samples_per_s is not None and j.last_report_at is not None:
+            rows.append(Metric(time=j.last_report_at, cluster=self.cluster.name, job=j.name,
+                               node="local", rank=JOB_RANK, name="job_samples_per_second",
+                               value=j.samples_per_s))
+        with store.session() as s:
+            row = s.get(Job, j.id)
+            if row is not None and self.progress_dirty:
+                for k in _PROGRESS:
+                    setattr(row, k, getattr(j, k))
+            s.add_all(rows)
+        self.progress_dirty = False

@@ -1,0 +1,90 @@
+"""The supervisor machine's state, and how a new run of the workers begins (shared by a restart,
+a heal and a resize). Pure, like the rest of the machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from gpufleet.lifecycle.status import JobStatus
+from gpufleet.supervise import elastic, outcome, restarts
+from gpufleet.supervise.events import Action, Heal, StartWorkers, Transition
+
+Phase = Literal["idle", "running", "backoff", "healing", "reshaping", "done"]
+
+
+@dataclass(frozen=True)
+class Config:
+    """What the machine knows of the job that never changes while it runs."""
+
+    cluster_name: str
+    max_restarts: int
+    hang_timeout_s: float
+    policy: elastic.Policy | None = None  # an elastic job's
+    allowed: tuple[int, ...] = ()  # the sizes an elastic job may take
+    heals: bool = False  # the engine can lose nodes: heal before every run after the first
+
+
+@dataclass(frozen=True)
+class State:
+    config: Config
+    workers: int
+    step: int | None = None  # the latest step rank 0 reported (over all runs)
+    phase: Phase = "idle"
+    runs: int = 0
+    started_at: float = 0.0  # of this run
+    training_since: float | None = None  # this run's first report
+    last_seen: dict[int, tuple[float, int]] = field(default_factory=dict)  # rank -> (time, step)
+    ever_reported: bool = False
+    checkpoint_step: int | None = None
+    has_checkpointer: bool = False
+    exited_for_resize: bool = False
+    failures: tuple[restarts.Failure, ...] = ()
+    final_failure: str | None = None
+    stop_reason: str | None = None
+    interrupted: bool = False
+    error: str | None = None
+    exit_code: int | None = None
+    control_seq: int = 0
+    resize_target: int | None = None
+    resize_deadline: float | None = None
+    reshaping: tuple[int, int] | None = None  # (before, target) while the reservation changes
+    last_scale_note: str = ""
+    last_policy: float = 0.0
+
+    @property
+    def ending(self) -> outcome.Ending:
+        return outcome.Ending(self.exit_code, self.error, self.final_failure, self.stop_reason,
+                              self.exited_for_resize)
+
+    @property
+    def hang_timeout_s(self) -> float:
+        """Doubled while the workers save for a resize."""
+        return self.config.hang_timeout_s * (2 if self.resize_deadline is not None else 1)
+
+
+Result = tuple[State, list[Action]]
+
+
+def initial(config: Config, workers: int, step: int | None = None) -> State:
+    return State(config=config, workers=workers, step=step)
+
+
+def start_run(state: State, now: float) -> Result:
+    """A new run of the workers at the current size."""
+    runs = state.runs + 1
+    s = replace(state, phase="running", runs=runs, started_at=now, training_since=None,
+                last_seen={}, exited_for_resize=False, last_policy=0.0)
+    actions: list[Action] = [StartWorkers(s.workers, runs)]
+    if runs > 1:
+        actions.append(Transition(JobStatus.RUNNING, f"{s.workers} worker(s) on "
+                                  f"{s.config.cluster_name} (run {runs})",
+                                  {"world_size": s.workers}))
+    return s, actions
+
+
+def next_run(state: State, now: float) -> Result:
+    if state.config.heals:
+        return replace(state, phase="healing"), [Heal()]
+    return start_run(state, now)
