@@ -7,7 +7,17 @@ from typing import Annotated
 import typer
 
 from gpufleet.cli.app import COMMAND, app, group, out
-from gpufleet.cli.options import CalibrationOut, CpuSlots, IdleCluster, Json, ModelConfig, Params, default
+from gpufleet.cli.options import (
+    CalibrationOut,
+    CpuSlots,
+    IdleCluster,
+    Json,
+    ModelConfig,
+    Params,
+    RunPrecision,
+    Strategy,
+    default,
+)
 from gpufleet.errors import SpecError
 
 
@@ -63,18 +73,20 @@ def bench_scaling(
     config: ModelConfig = None,
     seq: Annotated[int | None, typer.Option(
         "--seq", help="Tokens per sample." + default("the model's"))] = None,
-    strategy: Annotated[str, typer.Option("--strategy", help="Passed to `gpufleet run`.")] = "ddp",
-    precision: Annotated[str, typer.Option("--precision", help="Passed to `gpufleet run`.")] = "fp32",
+    strategy: Strategy = None,
+    precision: RunPrecision = None,
     out_file: CalibrationOut = None,
     cpu_slots: CpuSlots = None,
     as_json: Json = False,
 ) -> None:
     """Run a script at each world size through `gpufleet run`; print samples/s, scaling
-    efficiency and cost per 1,000 samples, like the seed's benchmark tables."""
+    efficiency and cost per 1,000 samples, like the seed's benchmark tables. --strategy and
+    --precision are passed to `gpufleet run`."""
     from gpufleet.measure import command
     from gpufleet.plan.command import load_model
     from gpufleet.spec import PlanSpec
 
+    strategy, precision = strategy or "ddp", precision or "fp32"  # run's defaults, said in --help
     try:
         sizes = sorted({int(w) for w in workers.split(",") if w.strip()})
     except ValueError:
