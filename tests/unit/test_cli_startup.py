@@ -61,3 +61,21 @@ def test_list_with_no_state_file_yet_goes_through_the_store(tmp_path: Path) -> N
     """The first command makes the state folder; `list` may be it."""
     assert "sqlalchemy" in _modules_after(["list"], tmp_path / "fresh")
     assert (tmp_path / "fresh" / "state.db").exists()
+
+
+def test_status_reads_the_views_without_the_web_package(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status --json` needs the store, but not the dashboard's modules."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "cli_startup", Path(__file__).resolve().parents[2] / "bench" / "cli_startup.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPUFLEET_HOME", str(home))
+    bench.make_home(home)
+    modules = _modules_after(["status", bench.JOB, "--json"], home)
+    assert "gpufleet.views" in modules
+    assert [m for m in modules if m.startswith(("gpufleet.web", "fastapi", "uvicorn"))] == []
