@@ -4,7 +4,8 @@ pass`, in one run.
 Each command is a fresh `python -m gpufleet.cli` process; its CPU time (user + sys, from
 `wait4`) is what the machine spends before the user sees an answer, whatever else runs beside
 it. The commands take turns, `--repeats` times, and the median is reported with its ratio to a
-bare interpreter start. The state folder is made once: a store with one stopped cluster and
+bare interpreter start; importing typer and Rich's table, which every command needs, is the
+floor a typer CLI cannot go under. The state folder is made once: a store with one stopped cluster and
 one finished job (what `status` shows), and no running cluster, so `list` has nothing to ask a
 pool about.
 
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 JOB = "startup-probe"
 COMMANDS: dict[str, list[str]] = {
     "python -c pass": ["-c", "pass"],
+    "python -c 'import typer, rich.table'": ["-c", "import typer, rich.console, rich.table"],
     "gpufleet --help": ["-m", "gpufleet.cli", "--help"],
     "gpufleet list": ["-m", "gpufleet.cli", "list"],
     "gpufleet prices": ["-m", "gpufleet.cli", "prices"],

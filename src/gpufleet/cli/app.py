@@ -7,7 +7,6 @@ Nothing heavy is imported here: each command imports the library it calls when i
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +36,8 @@ def group(help_text: str) -> typer.Typer:
 
 
 def print_json(data: Any) -> None:
+    import json
+
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
