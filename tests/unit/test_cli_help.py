@@ -73,3 +73,18 @@ def test_shared_options_are_declared_once() -> None:
     # pool up's --gpu, --nodes, --network mean what each node of a local Ray cluster declares
     assert spelled["--gpu"].count("pools.py") == spelled["--nodes"].count("pools.py") == 1
     assert spelled["--json"] == spelled["--cpu-slots"] == spelled["--count"] == ["options.py"]
+
+
+def test_lean_builds_only_the_named_command_and_lists_all_otherwise() -> None:
+    from gpufleet.cli.lean import lean
+
+    def names(argv: list[str]) -> list[str]:
+        trimmed = lean(app, argv)
+        return [c.name or "" for c in trimmed.registered_commands if not c.hidden] + \
+            [g.name or "" for g in trimmed.registered_groups]
+
+    assert names(["list", "--all"]) == ["list"]
+    assert names(["pool", "list"]) == ["pool"]
+    everything = names(["--help"])
+    assert everything == names([]) == names(["--help", "list"]) == names(["no-such"])
+    assert {"list", "run", "stop", "prices", "pool", "bench"} <= set(everything)

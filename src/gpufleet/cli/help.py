@@ -1,44 +1,26 @@
 """The classes of gpufleet's commands and groups: how `--help` looks (defaults kept, flags
 without a `<bool>` type, a command's options in panels, a group's help drawn without typer's
-Rich help module), and parameter values checked without Pydantic where nothing needs it.
+Rich help module), and parameter values checked without Pydantic where nothing needs it
+(`quick_params`).
 
 typer's `rich_utils` imports Markdown and traceback rendering (markdown-it, pygments): a third
 of a second before `gpufleet --help` prints a line. A group's help is a usage line, a summary,
 and two short tables, drawn here with the parts of Rich that `list` loads anyway; a command's
 help (`run --help`) is typer's own.
-
-typer checks every parameter value with a Pydantic TypeAdapter, even an option left out (None)
-or a name (a str), and building the first one imports Pydantic: a quarter of a second in
-`gpufleet list`. Those two cases are answered here; any other value goes to typer's adapter.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from typer._coercion import RuntimeParam, build_runtime_param
 from typer.core import TyperCommand, TyperGroup
 
-
-@dataclass(frozen=True)
-class _QuickParam(RuntimeParam):
-    """A value typer's adapter would hand back unchanged (a str for a str) is kept as is;
-    anything else is checked by the adapter, built on first use. None never reaches here."""
-
-    def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
-        if isinstance(value, str) and self.annotation in (str, str | None):
-            return value
-        return build_runtime_param(param.type_descriptor)._coerce_value(value, param=param, ctx=ctx)
-
-
-def _quick(params: list[Any]) -> list[Any]:
-    for p in params:
-        if getattr(p, "_runtime_param", False) is None:  # typer's, not built yet
-            p._runtime_param = _QuickParam(p.type_descriptor.parameter_info,
-                                           p.type_descriptor.annotation)
-    return params
+try:
+    from gpufleet.cli.quick_params import quick
+except ImportError:  # a typer from before its Pydantic adapters: nothing to skip
+    def quick(params: list[Any]) -> list[Any]:
+        return params
 
 
 class FleetCommand(TyperCommand):
@@ -47,7 +29,7 @@ class FleetCommand(TyperCommand):
     panels: ClassVar[dict[str, str]] = {}  # parameter name -> help panel
 
     def get_params(self, ctx: Any) -> list[Any]:  # ctx: typer's click Context
-        params = _quick(super().get_params(ctx))
+        params = quick(super().get_params(ctx))
         for p in params:
             if getattr(p, "is_flag", False):
                 p.metavar = ""  # typer shows the metavar, or else the type, beside the option
@@ -70,7 +52,7 @@ class FleetGroup(TyperGroup):
     """A group (the app, `pool`, `bench`) whose help is drawn without typer's Rich module."""
 
     def get_params(self, ctx: Any) -> list[Any]:  # ctx: typer's click Context
-        return _quick(super().get_params(ctx))
+        return quick(super().get_params(ctx))
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from rich import box

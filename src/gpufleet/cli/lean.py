@@ -30,7 +30,7 @@ def _listed() -> None:
 
 def lean(app: typer.Typer, argv: Sequence[str]) -> typer.Typer:
     """`app` with only the command (or group) `argv` names, or all of them as bare summaries."""
-    name = next((a for a in argv if not a.startswith("-")), None)
+    name = argv[0] if argv else None  # the app's only option is --help: a command comes first
     commands = {_command_name(c): c for c in app.registered_commands}
     groups = {g.name: g for g in app.registered_groups}
     trimmed = copy.copy(app)
