@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import sys
 
-from gpufleet.cli import catalog, clusters, dashboard, jobs, measure, plan, pools  # noqa: F401
+# The order of these imports is the order of the commands in `gpufleet --help`.
+# isort: off
+from gpufleet.cli import catalog, plan, clusters, pools, jobs, dashboard, measure  # noqa: F401
+# isort: on
 from gpufleet.cli.app import app, err, silence_stdout
 from gpufleet.cli.lean import lean
 from gpufleet.errors import GpufleetError
