@@ -1,12 +1,13 @@
 """Terminal rendering with rich: quotes, tables, the live job panel and the final summary.
 
-Formatting only; every number comes from `plan.cost` or `supervise.view`.
+Formatting only; every number comes from `plan.cost` or `supervise.view`. Those are imported
+where they are used, so `list` and `prices` do not load the job view's modules.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
@@ -14,8 +15,11 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from gpufleet.plan import cost
-from gpufleet.supervise.view import JobView
+from gpufleet.lifecycle.status import JOB_ACTIVE, JobStatus
+
+if TYPE_CHECKING:
+    from gpufleet.plan import cost
+    from gpufleet.supervise.view import JobView
 
 
 def usd(value: float | None) -> str:
@@ -43,6 +47,8 @@ def num(value: float | None, fmt: str = ".3f") -> str:
 
 def quote_table(gpu: str, count: int, network: str, rates: list[cost.Rate],
                 book: str | None) -> Table:
+    from gpufleet.plan import cost
+
     t = Table(title=f"Quote: {count} x {gpu} over {network}", title_justify="left")
     for col in ("price book", "instance", "$/GPU-hour", "network premium", "$/hour", ""):
         t.add_column(col, justify="right" if "$" in col or "premium" in col else "left")
@@ -115,7 +121,7 @@ def summary_table(v: JobView) -> Table:
         rows.append(("model state", model_state_line(v.model_state)))
     for k, val in rows:
         t.add_row(k, Text(val))  # Text: log lines may hold '[...]', which is not rich markup
-    if v.status != "succeeded" and v.reason:
+    if v.status != JobStatus.SUCCEEDED and v.reason:
         t.add_row("reason", Text(v.reason))
     return t
 
@@ -137,10 +143,12 @@ def _ms(value: float | None) -> str:
 
 def status_view(detail: dict[str, Any]) -> RenderableType:
     """`gpufleet status`: the job panel (or summary once ended), devices, ranks, findings and
-    events, from `web.data.job_detail` (what the dashboard shows)."""
+    events, from `views.job_detail` (what the dashboard shows)."""
+    from gpufleet.supervise.view import JobView
+
     v = JobView(**{k: detail[k] for k in JobView.__dataclass_fields__})
     parts: list[RenderableType] = [
-        job_panel(v) if v.status in ("starting", "running", "restarting", "resizing") else summary_table(v)]
+        job_panel(v) if v.status in JOB_ACTIVE else summary_table(v)]
     latest: dict[str, dict[str, float]] = detail.get("latest", {})
     devices = {k: m for k, m in latest.items() if "gpu_utilization" in m
                or "gpu_memory_used_bytes" in m}

@@ -1,0 +1,231 @@
+"""Cluster commands: `launch`, `list`, `ssh`, `exec` and `stop`."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpufleet.cli.app import COMMAND, app, approve_quote, confirm, out, print_json, store
+from gpufleet.cli.options import (
+    Backend,
+    ClusterName,
+    ClusterYaml,
+    Count,
+    CpuSlots,
+    Disk,
+    Gpu,
+    Json,
+    Network,
+    Nodes,
+    PoolOpt,
+    PriceBook,
+    Yes,
+)
+from gpufleet.errors import SpecError
+
+if TYPE_CHECKING:
+    from gpufleet.lifecycle.runs import StopPlan
+    from gpufleet.store import Cluster, Store
+
+PASS_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command(cls=COMMAND)
+def launch(
+    gpu: Gpu = None,
+    count: Count = None,
+    network: Network = None,
+    disk: Disk = None,
+    name: ClusterName = None,
+    nodes: Nodes = None,
+    backend: Backend = None,
+    pool: PoolOpt = None,
+    price_book: PriceBook = None,
+    file: ClusterYaml = None,
+    cpu_slots: CpuSlots = None,
+    yes: Yes = False,
+    as_json: Json = False,
+) -> None:
+    """Carve a homogeneous cluster out of the pool: shows a quote, then reserves devices."""
+    from gpufleet.lifecycle import clusters
+    from gpufleet.lifecycle.provision import backend_of, provision, with_pool
+    from gpufleet.spec import ClusterSpec, load_yaml
+    from gpufleet.views import cluster_row
+
+    data: dict[str, Any] = load_yaml(file) if file else {}
+    flags = {"gpu": gpu, "count": count, "network": network, "disk": disk, "name": name,
+             "nodes": nodes, "backend": backend, "pool": pool, "price_book": price_book}
+    st = store()
+    merged = {**data, **{k: v for k, v in flags.items() if v is not None}}
+    spec = ClusterSpec.parse(with_pool(st, merged))
+    cluster = provision(st, spec, approve_quote(yes, quiet=as_json), cpu_slots)
+    if as_json:
+        print_json(cluster_row(st, cluster, time.time(), backend_of(st, cluster, cpu_slots).discover()))
+        return
+    where = "; ".join(f"{p.node_id}: {','.join(d.id for d in p.devices)}"
+                      for p in clusters.placements(st, cluster))
+    sim = " (simulated, not billed)" if cluster.simulated else ""
+    out.print(f"Cluster [bold]{cluster.name}[/]: {cluster.count} x {cluster.gpu}{sim} on "
+              f"{cluster.nodes} node(s) ({where}) over {cluster.network}. "
+              f"Run a job: gpufleet run --cluster {cluster.name} SCRIPT")
+
+
+def _pool_nodes(st: Store, c: Cluster, seen: dict[str | None, list[Any] | None]) -> list[Any] | None:
+    """The nodes of a running cluster's pool, discovered once per pool per command."""
+    from gpufleet.errors import GpufleetError
+    from gpufleet.lifecycle.provision import backend_of
+    from gpufleet.lifecycle.status import CLUSTER_ACTIVE
+
+    if c.status not in CLUSTER_ACTIVE:
+        return []
+    if c.pool not in seen:
+        try:
+            seen[c.pool] = backend_of(st, c).discover()
+        except GpufleetError:
+            seen[c.pool] = None
+    return seen[c.pool]
+
+
+def cluster_rows(every: bool) -> list[dict[str, Any]]:
+    """`list`'s rows: read straight from the state file when nothing needs the store's upkeep
+    or a pool's devices (see `gpufleet.snapshot`), else through the store."""
+    from gpufleet.snapshot import cluster_rows as quick_rows
+    from gpufleet.snapshot import state_path
+
+    now = time.time()
+    quick = quick_rows(state_path(), every, now)
+    if quick is not None:
+        return quick
+    from sqlalchemy import select
+
+    from gpufleet.lifecycle.status import CLUSTER_ACTIVE
+    from gpufleet.store import Cluster
+    from gpufleet.views import cluster_row
+
+    st = store()
+    q = select(Cluster).order_by(Cluster.id)
+    if not every:
+        q = q.where(Cluster.status.in_(CLUSTER_ACTIVE))
+    with st.read() as s:
+        found = list(s.scalars(q).all())
+    seen: dict[str | None, list[Any] | None] = {}
+    return [cluster_row(st, c, now, _pool_nodes(st, c, seen)) for c in found]
+
+
+@app.command("list", cls=COMMAND)
+def list_(
+    all_: Annotated[bool, typer.Option("--all", "-a", help="Include stopped clusters.")] = False,
+    as_json: Json = False,
+) -> None:
+    """Clusters with their devices, topology, health, status, $/hour, age and cost so far."""
+    from rich.table import Table
+
+    from gpufleet import ui
+
+    rows = cluster_rows(all_)
+    if as_json:
+        print_json(rows)
+        return
+    t = Table(title="Clusters", title_justify="left")
+    for col in ("NAME", "GPU", "COUNT", "DEVICES", "TOPOLOGY", "HEALTH", "STATUS", "$/HOUR",
+                "AGE", "COST", "JOB"):
+        t.add_column(col, justify="right" if col in ("COUNT", "$/HOUR", "COST", "AGE") else "left",
+                     no_wrap=col not in ("DEVICES", "JOB"))
+    for r in rows:
+        job = f"{r['job']} ({r['job_status']})" if r["job"] else "-"
+        gpu_label = r["gpu"] + (" (sim)" if r.get("simulated") else "")
+        t.add_row(r["name"], gpu_label, str(r["count"]), ",".join(r["devices"]) or "-",
+                  r["topology"], r["health"], r["status"], ui.usd(r["usd_per_hour"]),
+                  ui.duration(r["age_s"]), ui.usd(r["cost_usd"]), job)
+    if not rows:
+        t.caption = "No clusters. Create one: gpufleet launch --gpu cpu --count 2"
+    out.print(t)
+
+
+def _call(name: str, command: list[str], cwd: Path | None) -> int:
+    from gpufleet.lifecycle.access import invocation
+
+    inv = invocation(store(), name, command, cwd)
+    try:
+        code = subprocess.call(inv.argv, env=inv.env, cwd=inv.cwd)
+    except OSError as exc:  # not found, not executable, ...
+        raise SpecError([("command", f"cannot run {inv.argv[0]}: {exc.strerror or exc}")]) from None
+    return 128 - code if code < 0 else code  # killed by signal N: 128+N, as a shell reports
+
+
+@app.command(cls=COMMAND, context_settings=PASS_ARGS)
+def ssh(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(
+        help="Cluster name (its head node), or NAME-workerK for its K-th worker node.")],
+) -> None:
+    """A shell on a cluster node with its devices and environment (`-- CMD`: one command).
+
+    On this machine (the local pool, a local Ray pool) a shell here with the node's settings;
+    on another machine of a Ray pool, `ssh` to its address."""
+    raise typer.Exit(_call(name, list(ctx.args), None))
+
+
+@app.command("exec", cls=COMMAND, context_settings=PASS_ARGS)
+def exec_(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Cluster name.")],
+) -> None:
+    """Run `-- CMD` in the current folder with the cluster's devices and environment."""
+    if not ctx.args:
+        raise SpecError([("command", "give the command after '--', e.g. gpufleet exec NAME -- "
+                          "nvidia-smi")])
+    raise typer.Exit(_call(name, list(ctx.args), Path.cwd()))
+
+
+def _describe(plan: StopPlan) -> list[str]:
+    """One line per cluster a stop ends, with the job running on it."""
+    lines = []
+    for c, job in plan.clusters:
+        running = f", job {job.name} ({job.status})" if job is not None else ""
+        lines.append(f"  {c.name}: {c.count} x {c.gpu}{running}")
+    return lines
+
+
+@app.command(cls=COMMAND)
+def stop(
+    name: Annotated[str | None, typer.Argument(help="Cluster or job name.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Stop every running cluster.")] = False,
+    yes: Yes = False,
+) -> None:
+    """Stop a job (its workers end) or a cluster (its job ends, its devices are freed).
+
+    Asks first on a terminal (not with -y, nor when stdin is not a terminal); --all lists the
+    clusters and jobs it stops."""
+    from gpufleet.lifecycle import runs
+
+    if not name and not all_:
+        raise SpecError([("name", "give a cluster or job name, or --all")])
+    st = store()
+    plan = runs.plan_stop(st, name, every=all_)
+    if plan.already_stopped:
+        out.print(f"Cluster {name} is already stopped.")
+        return
+    if plan.job is not None:
+        confirm(f"Stop job {plan.job.name} ({plan.job.status})?", yes)
+        out.print(f"Job {plan.job.name}: {runs.stop_job(st, plan.job).status}")
+        return
+    if all_:
+        if not plan.clusters:
+            out.print("No running clusters.")
+            return
+        out.print(f"Stopping {len(plan.clusters)} running cluster(s):", highlight=False)
+        for line in _describe(plan):
+            out.print(line, markup=False, highlight=False)
+        confirm(f"Stop {len(plan.clusters)} cluster(s)?", yes)
+    else:
+        c, job = plan.clusters[0]
+        running = f", its job {job.name} ends" if job is not None else ""
+        confirm(f"Stop cluster {c.name} ({c.count} x {c.gpu}{running})?", yes)
+    for c, _job in plan.clusters:
+        stopped, spent = runs.stop_cluster(st, c)
+        out.print(f"Cluster {stopped.name}: {stopped.status}, devices freed, cost ${spent:.4f}")

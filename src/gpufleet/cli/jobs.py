@@ -1,0 +1,247 @@
+"""Job commands: `run` (and `run --resume`), `logs` and `status`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpufleet.cli.app import COMMAND, app, approve_quote, out, print_json, store
+from gpufleet.cli.help import with_panels
+from gpufleet.cli.options import (
+    Count,
+    CpuSlots,
+    Disk,
+    Dp,
+    Framework,
+    Gpu,
+    Json,
+    Microbatches,
+    Network,
+    Nodes,
+    OnCluster,
+    PoolOpt,
+    Pp,
+    PpSchedule,
+    PriceBook,
+    RunPrecision,
+    Strategy,
+    Tp,
+    Yes,
+    default,
+)
+from gpufleet.cli.supervising import hand_over, print_dry_run
+from gpufleet.errors import SpecError
+
+if TYPE_CHECKING:
+    from gpufleet.spec import JobSpec
+    from gpufleet.store import Store
+
+CLUSTER, LAYOUT, PRECISION = "Cluster", "Layout", "Precision and framework"
+SURVIVAL, OUTPUT = "Survival", "Output"
+RUN_PANELS = {
+    **dict.fromkeys(("cluster", "gpu", "count", "network", "disk", "price_book", "nodes", "pool",
+                     "cpu_slots", "keep"), CLUSTER),
+    **dict.fromkeys(("workers_per_node", "strategy", "dp", "tp", "pp", "pp_schedule",
+                     "microbatches"), LAYOUT),
+    **dict.fromkeys(("precision", "framework", "env"), PRECISION),
+    **dict.fromkeys(("max_restarts", "hang_timeout", "checkpoint_to", "workers", "scale_up_util",
+                     "scale_down_util", "cooldown", "resume"), SURVIVAL),
+    **dict.fromkeys(("name", "file", "dry_run", "detach", "yes", "help"), OUTPUT),
+}
+
+
+@app.command(cls=with_panels(RUN_PANELS),
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def run(
+    ctx: typer.Context,
+    script: Annotated[str | None, typer.Argument(help="Training script; its arguments go after --.")] = None,
+    cluster: OnCluster = None,
+    gpu: Gpu = None,
+    count: Count = None,
+    network: Network = None,
+    disk: Disk = None,
+    price_book: PriceBook = None,
+    nodes: Nodes = None,
+    pool: PoolOpt = None,
+    cpu_slots: CpuSlots = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep a new cluster after the job.")] = False,
+    workers_per_node: Annotated[int | None, typer.Option(
+        "--workers-per-node", help="Processes per node." + default("one per device"))] = None,
+    strategy: Strategy = None,
+    dp: Dp = None,
+    tp: Tp = None,
+    pp: Pp = None,
+    pp_schedule: PpSchedule = None,
+    microbatches: Microbatches = None,
+    precision: RunPrecision = None,
+    framework: Framework = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for workers.")] = None,
+    max_restarts: Annotated[int | None, typer.Option(
+        "--max-restarts", help="Restarts of the worker group on failure, from the last "
+        "checkpoint." + default("0"))] = None,
+    hang_timeout: Annotated[str | None, typer.Option(
+        "--hang-timeout", help="No rank reporting for this long is a hang, handled as a "
+        "failure." + default("5m"))] = None,
+    checkpoint_to: Annotated[str | None, typer.Option(
+        "--checkpoint-to", help="Durable folder or fsspec URL checkpoints are copied to.")] = None,
+    workers: Annotated[str | None, typer.Option(
+        "--workers", help="Elastic worker range MIN:MAX, resized on utilization.")] = None,
+    scale_up_util: Annotated[float | None, typer.Option(
+        "--scale-up-util", help="Grow at or above this mean utilization." + default("0.9"))] = None,
+    scale_down_util: Annotated[float | None, typer.Option(
+        "--scale-down-util", help="Shrink at or below this." + default("0.5"))] = None,
+    cooldown: Annotated[str | None, typer.Option(
+        "--cooldown", help="Wait after a start or resize before the next." + default("60s"))] = None,
+    resume: Annotated[str | None, typer.Option(
+        "--resume", help="Start an ended job again from its last checkpoint.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Job name.")] = None,
+    file: Annotated[Path | None, typer.Option("-f", "--file", help="Job YAML.")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print each node's command, env and generated configs; start nothing.")] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return at once.")] = False,
+    yes: Yes = False,
+) -> None:
+    """Run a torchrun-style script on a cluster (existing, or new from --gpu/--count)."""
+    from gpufleet.lifecycle import submit
+
+    if resume is not None:
+        named = [opt for opt, v in (("SCRIPT", script), ("-f", file), ("--cluster", cluster),
+                                    ("--gpu", gpu), ("--count", count), ("--name", name))
+                 if v is not None]
+        if named or ctx.args:
+            raise SpecError([("resume", f"--resume continues a job as it was defined; drop "
+                              f"{', '.join(named) or 'the script arguments'}")])
+        st = store()
+        job, on = submit.resume(st, resume, approve_quote(yes), cpu_slots)
+        hand_over(st, job, on, detach, cpu_slots)
+        return
+    flags = {"name": name, "workers_per_node": workers_per_node, "strategy": strategy,
+             "dp": dp, "tp": tp, "pp": pp, "pp_schedule": pp_schedule, "microbatches": microbatches,
+             "precision": precision, "framework": framework, "max_restarts": max_restarts,
+             "keep": keep or None, "hang_timeout": hang_timeout,
+             "checkpoint_to": checkpoint_to, "workers": workers, "scale_up_util": scale_up_util,
+             "scale_down_util": scale_down_util, "cooldown": cooldown}
+    inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
+              "price_book": price_book, "nodes": nodes, "pool": pool}
+    st, spec = _job_spec(file, script, list(ctx.args), env or [], flags, inline, cluster)
+    result = submit.submit(st, spec, approve_quote(yes), cpu_slots, dry_run)
+    if isinstance(result, tuple):
+        hand_over(st, *result, detach, cpu_slots)
+    else:
+        print_dry_run(result)
+
+
+def _job_spec(file: Path | None, script: str | None, args: list[str], env: list[str],
+              flags: dict[str, Any], inline: dict[str, Any],
+              cluster: str | None) -> tuple[Store, JobSpec]:
+    """The job spec from the YAML file and the flags (flags win); the store, opened when a new
+    cluster's pool must be resolved."""
+    from gpufleet.lifecycle.provision import with_pool
+    from gpufleet.spec import JobSpec, load_yaml
+
+    data: dict[str, Any] = load_yaml(file) if file else {}
+    if script is not None:
+        data["script"] = script
+    if args:
+        data["args"] = args
+    env_pairs = dict(data.get("env") or {})
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SpecError([("env", f"'{item}' is not KEY=VALUE")])
+        env_pairs[key] = value
+    data.update({k: v for k, v in {**flags, "env": env_pairs or None}.items() if v is not None})
+    if any(v is not None for v in inline.values()):
+        if cluster:
+            raise SpecError([("cluster", "give either --cluster NAME or --gpu/--count for a new "
+                              "cluster, not both")])
+        given = data.get("cluster")
+        base: dict[str, Any] = given if isinstance(given, dict) else {}
+        data["cluster"] = {**base, **{k: v for k, v in inline.items() if v is not None}}
+    elif cluster:
+        data["cluster"] = cluster
+    if "script" not in data:
+        raise SpecError([("script", "give a script to run, e.g. gpufleet run examples/gpt.py "
+                          "--gpu cpu --count 2")])
+    data.setdefault("workdir", str(Path.cwd()))
+    if data.get("cluster") is None:
+        raise SpecError([("cluster", "give --cluster NAME, or --gpu and --count for a new cluster")])
+    st = store()
+    if isinstance(data["cluster"], dict):
+        data["cluster"] = with_pool(st, data["cluster"])
+    return st, JobSpec.parse(data)
+
+
+@app.command(cls=COMMAND)
+def logs(
+    job: Annotated[str, typer.Argument(help="Job name.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until it ends.")] = False,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's log.")] = None,
+) -> None:
+    """A job's output, every rank's lines prefixed by their rank, or one rank with --rank."""
+    from gpufleet.errors import NotFoundError
+    from gpufleet.lifecycle import jobs
+
+    st = store()
+    j = jobs.get(st, job)
+    path = Path(j.job_dir) / ("job.log" if rank is None else f"logs/rank{rank}.log")
+    if rank is not None and not 0 <= rank < j.world_size:
+        raise NotFoundError(f"rank: job {job} has ranks 0..{j.world_size - 1}, not {rank}")
+    pos = 0
+    while True:
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+                pos += len(chunk)
+            sys.stdout.write(chunk.decode("utf-8", "replace"))
+            sys.stdout.flush()
+        if not follow:
+            return
+        if jobs.refresh(st, job).status not in jobs.ACTIVE:
+            if path.exists() and path.stat().st_size > pos:
+                continue
+            return
+        time.sleep(0.5)
+
+
+@app.command(cls=COMMAND)
+def status(
+    job: Annotated[str, typer.Argument(help="Job name.")],
+    as_json: Json = False,
+    watch: Annotated[bool, typer.Option(
+        "--watch", "-w", help="Follow until the job ends, even when not on a terminal.")] = False,
+    once: Annotated[bool, typer.Option("--once", help="Print once, do not follow.")] = False,
+) -> None:
+    """A job's progress, devices, diagnosis and events: live on a terminal while it runs.
+
+    Step, samples/s, loss, cost so far, ETA and projected cost; per device utilization and
+    memory; per rank step, data-wait and communication time; findings with the fix to try.
+    """
+    from gpufleet import ui
+    from gpufleet.lifecycle.status import JOB_ACTIVE
+    from gpufleet.views import job_detail
+
+    st = store()
+    detail = job_detail(st, job, time.time())
+    if as_json:
+        print_json(detail)
+        return
+    follow = (watch or (out.is_terminal and not once)) and detail["status"] in JOB_ACTIVE
+    if not follow:
+        out.print(ui.status_view(detail))
+        return
+    from rich.live import Live
+
+    try:
+        with Live(ui.status_view(detail), console=out, refresh_per_second=2) as live:
+            while detail["status"] in JOB_ACTIVE:
+                time.sleep(0.5)
+                detail = job_detail(st, job, time.time())
+                live.update(ui.status_view(detail))
+    except KeyboardInterrupt:  # leaving the view does not stop the job
+        return

@@ -1,0 +1,79 @@
+"""Every option more than one command takes, declared once as an `Annotated` alias.
+
+A default that is not the parameter's own (None meaning "decided later") is written into the
+help with `default()`, whose brackets are escaped: Rich would read a bare `[default: 5m]` as
+markup and delete it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def default(text: str) -> str:
+    """` [default: TEXT]` as help text that survives Rich markup."""
+    return f" \\[default: {text}]"
+
+
+GPU_TYPES = "GPU type, e.g. H100, A100, RTX4090, cpu (gpufleet prices lists them)."
+
+# -- output and confirmation ---------------------------------------------------------------------
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+# -- a cluster -----------------------------------------------------------------------------------
+GpuFilter = Annotated[str | None, typer.Option("--gpu", help="Only this GPU type.")]
+Gpu = Annotated[str | None, typer.Option("--gpu", help=GPU_TYPES)]
+Count = Annotated[int | None, typer.Option(
+    "--count", help="Number of GPUs (1-128)." + default("1"))]
+Network = Annotated[str | None, typer.Option(
+    "--network", help="pcie, nvlink, nvswitch, infiniband or ethernet."
+    + default("pcie in one node, ethernet across nodes"))]
+PlanNetwork = Annotated[str | None, typer.Option(
+    "--network", help="pcie, nvlink, nvswitch, infiniband or ethernet."
+    + default("the GPU's node fabric; infiniband above 8 GPUs"))]
+Disk = Annotated[str | None, typer.Option(
+    "--disk", help="Scratch space, e.g. 100GB, 1TB." + default("1GB"))]
+Nodes = Annotated[int | None, typer.Option(
+    "--nodes", help="Nodes to spread over." + default("1 on this host, else 8 GPUs a node"))]
+Backend = Annotated[str | None, typer.Option(
+    "--backend", help="local, ray or sim: the only pool of that kind.")]
+PoolOpt = Annotated[str | None, typer.Option(
+    "--pool", help="Pool to carve from." + default("the default pool, see gpufleet pool list"))]
+PriceBook = Annotated[str | None, typer.Option(
+    "--price-book", help="Bill under this book." + default("cheapest offering the GPU"))]
+CpuSlots = Annotated[int | None, typer.Option(
+    "--cpu-slots", help="CPU worker slots this host offers." + default("$GPUFLEET_CPU_SLOTS or cores"))]
+ClusterYaml = Annotated[Path | None, typer.Option("-f", "--file", help="Cluster YAML.")]
+ClusterName = Annotated[str | None, typer.Option("--name", help="Cluster name (DNS-like).")]
+OnCluster = Annotated[str | None, typer.Option("--cluster", "-c", help="Existing cluster.")]
+IdleCluster = Annotated[str, typer.Option("--cluster", "-c", help="Cluster to measure (idle).")]
+
+# -- a training layout ---------------------------------------------------------------------------
+Strategy = Annotated[str | None, typer.Option(
+    "--strategy", help="ddp, fsdp, zero1, zero2, zero3, tp or pp." + default("ddp"))]
+Dp = Annotated[int | None, typer.Option("--dp", help="Data-parallel degree of the mesh.")]
+Tp = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.")]
+Pp = Annotated[int | None, typer.Option("--pp", help="Pipeline stages.")]
+PpSchedule = Annotated[str | None, typer.Option(
+    "--pp-schedule", help="gpipe or 1f1b." + default("1f1b"))]
+Microbatches = Annotated[int | None, typer.Option(
+    "--microbatches", help="Pipeline micro-batches per step." + default("--pp"))]
+Framework = Annotated[str | None, typer.Option(
+    "--framework", help="torchrun, accelerate, deepspeed, ray or horovod." + default("torchrun"))]
+RunPrecision = Annotated[str | None, typer.Option(
+    "--precision", help="fp32, bf16-mixed or fp16-mixed." + default("fp32"))]
+PlanPrecision = Annotated[str | None, typer.Option(
+    "--precision", help="fp32, bf16-mixed or fp16-mixed." + default("bf16-mixed"))]
+
+# -- what a model is -----------------------------------------------------------------------------
+Params = Annotated[float | None, typer.Option("--params", help="A bare parameter count, e.g. 7e9.")]
+ModelConfig = Annotated[str | None, typer.Option("--config", help="A Hugging Face config.json.")]
+CalibrationOut = Annotated[Path | None, typer.Option(
+    "--out", help="Calibration file." + default("calibration-CLUSTER.json"))]
+
+# -- pools ---------------------------------------------------------------------------------------
+NoDefault = Annotated[bool, typer.Option("--no-default", help="Keep the current default pool.")]

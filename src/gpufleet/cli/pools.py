@@ -1,0 +1,167 @@
+"""`pool ...`: the pools clusters are carved from (this host, Ray clusters, synthetic pools)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpufleet.cli.app import COMMAND, app, err, group, out, print_json, store
+from gpufleet.cli.options import Json, NoDefault, default
+
+pool_app = group("Pools of nodes: this host, Ray clusters, synthetic pools.")
+app.add_typer(pool_app, name="pool")
+LIST_NODES_UP_TO = 64  # larger pools are listed as groups of alike nodes
+
+
+@pool_app.command("add", cls=COMMAND)
+def pool_add(
+    kind: Annotated[str, typer.Argument(help="ray (an existing Ray cluster) or sim (synthetic).")],
+    address: Annotated[str | None, typer.Option(
+        "--address", help="ray: the head's HOST:PORT (as for `ray start --address`).")] = None,
+    shape: Annotated[list[str] | None, typer.Option(
+        "--shape", help="sim: NODESxGPU:PER_NODE[:NETWORK], repeatable, e.g. 1000xH100:8")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Pool name." + default("the kind"))] = None,
+    token_file: Annotated[Path | None, typer.Option(
+        "--token-file", help="ray: the cluster's auth token (`ray get-auth-token` on the head) "
+        "(else $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); a copy is "
+        "kept with the pool.")] = None,
+    no_default: NoDefault = False,
+) -> None:
+    """Register a pool; it becomes the default for launch and run unless --no-default."""
+    from gpufleet.lifecycle import pool_setup
+
+    adder = pool_setup.add_ray if pool_setup.check_kind(kind) == "ray" else pool_setup.add_sim
+    added = adder(store(), name, address, shape or [], token_file, not no_default)
+    if adder is pool_setup.add_ray:
+        out.print(f"Pool [bold]{added.name}[/]: Ray cluster at {address}, {added.nodes} live "
+                  f"node(s), {added.devices} device(s).")
+    else:
+        out.print(f"Pool [bold]{added.name}[/]: simulated, {added.nodes} nodes, "
+                  f"{added.devices} devices.")
+    if not no_default:
+        out.print("It is now the default pool (back to this host: gpufleet pool use local).")
+
+
+@pool_app.command("up", cls=COMMAND)
+def pool_up(
+    local: Annotated[bool, typer.Option("--local", help="Start a Ray cluster on this machine.")] = False,
+    nodes: Annotated[int, typer.Option("--nodes", help="Raylets: a head and workers.")] = 3,
+    gpu: Annotated[str, typer.Option(
+        "--gpu", help="Simulated GPU type each node declares (cpu: plain CPU slots).")] = "H100",
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="Devices per node.")] = 2,
+    fabric: Annotated[str | None, typer.Option(
+        "--fabric", help="pcie, nvlink or nvswitch inside a node." + default("the type's own"))] = None,
+    network: Annotated[str, typer.Option(
+        "--network", help="infiniband or ethernet between nodes.")] = "infiniband",
+    name: Annotated[str, typer.Option("--name", help="Pool name.")] = "local-ray",
+    no_default: NoDefault = False,
+) -> None:
+    """Start a real multi-node Ray cluster here (one raylet per node on its own 127.x address)
+    whose nodes declare simulated GPUs that run as CPU workers with gloo, and add it as a pool."""
+    from gpufleet.lifecycle import pool_setup
+
+    gtype = pool_setup.check_local_ray(local, nodes, gpu, gpus_per_node, fabric, network)
+    started = time.monotonic()
+    cfg = pool_setup.start_local_ray(
+        store(), name, nodes, gtype, gpus_per_node, fabric, network, not no_default,
+        on_node=lambda node, ip: err.print(
+            f"  started {node} at {ip} ({time.monotonic() - started:.1f} s)"))
+    sim = "" if gtype.is_cpu else " simulated"
+    out.print(f"Pool [bold]{name}[/]: Ray cluster at {cfg.address}, {nodes} node(s) x "
+              f"{gpus_per_node}{sim} {gtype.name} over {cfg.fabric}, {network} between nodes "
+              f"({time.monotonic() - started:.1f} s){'' if no_default else ', now the default pool'}."
+              f" Stop it: gpufleet pool down {name}")
+
+
+@pool_app.command("down", cls=COMMAND)
+def pool_down(name: Annotated[str, typer.Argument(help="A pool started by pool up --local.")]) -> None:
+    """Stop a local Ray cluster started by `pool up --local` and forget the pool."""
+    from gpufleet.lifecycle import pool_setup
+
+    ended = pool_setup.stop_local_ray(store(), name)
+    out.print(f"Pool {name} stopped ({ended} Ray process(es) ended).")
+
+
+@pool_app.command("remove", cls=COMMAND)
+def pool_remove(name: Annotated[str, typer.Argument(help="Pool name.")]) -> None:
+    """Forget a pool. A Ray cluster it points to keeps running, unless `pool up --local`
+    started it: that one is stopped too."""
+    from gpufleet.lifecycle import pool_setup
+
+    pool_setup.remove(store(), name)
+    out.print(f"Pool {name} removed.")
+
+
+@pool_app.command("use", cls=COMMAND)
+def pool_use(name: Annotated[str, typer.Argument(help="Pool name, or local for this host.")]) -> None:
+    """Make a pool the default for launch and run."""
+    from gpufleet.lifecycle import pools
+
+    pools.use(store(), name)
+    out.print(f"Default pool: {name}")
+
+
+def _pool_rows(name: str | None) -> tuple[str, list[tuple[str, str, str, list[dict[str, Any]] | str]]]:
+    """The default pool, and each pool asked for with its node rows (or why it has none)."""
+    from gpufleet.errors import GpufleetError
+    from gpufleet.lifecycle import pools
+
+    st = store()
+    rows: list[tuple[str, str, str, list[dict[str, Any]] | str]] = []
+    chosen = [None, *pools.all_pools(st)] if name is None else \
+        [None if name == pools.LOCAL else pools.get(st, name)]
+    for p in chosen:
+        pname = p.name if p else pools.LOCAL
+        kind = p.kind if p else "local"
+        where = (p.address or "simulated") if p else "this host"
+        try:
+            nodes = pools.backend_for(p).discover()
+        except GpufleetError as exc:
+            rows.append((pname, kind, where, str(exc)))
+            continue
+        rows.append((pname, kind, where, pools.node_rows(nodes, *pools.held_on(
+            st, p.name if p else None))))
+    return pools.default_name(st), rows
+
+
+@pool_app.command("list", cls=COMMAND)
+def pool_list(
+    name: Annotated[str | None, typer.Argument(help="One pool." + default("every pool"))] = None,
+    as_json: Json = False,
+) -> None:
+    """Each pool's nodes: GPU type, devices, free, memory, fabric, network and health (a node
+    that left a Ray cluster shows as lost; simulated devices are marked)."""
+    from rich.table import Table
+
+    from gpufleet.lifecycle import pools
+
+    default_pool, rows_by_pool = _pool_rows(name)
+    if as_json:
+        print_json([{"pool": n, "kind": k, "where": w, "default": n == default_pool,
+                     **({"error": r} if isinstance(r, str) else {"nodes": r})}
+                    for n, k, w, r in rows_by_pool])
+        return
+    for pname, kind, where, rows in rows_by_pool:
+        mark = " (default)" if pname == default_pool else ""
+        t = Table(title=f"Pool {pname}{mark}: {kind}, {where}", title_justify="left")
+        if isinstance(rows, str):
+            t.add_column("PROBLEM")
+            t.add_row(rows)
+            out.print(t)
+            continue
+        if len(rows) > LIST_NODES_UP_TO:
+            rows = pools.grouped(rows)
+        for col in ("NODE", "ADDRESS", "GPU", "DEVICES", "FREE", "MEMORY", "FABRIC", "NETWORK",
+                    "HEALTH", "HELD BY"):
+            t.add_column(col, justify="right" if col in ("DEVICES", "FREE", "MEMORY") else "left")
+        for r in rows:
+            t.add_row(r["node"], r["address"], r["gpu"] + (" (simulated)" if r["simulated"] else ""),
+                      str(r["count"]), str(r["free"]),
+                      f"{r['memory_gb']:g} GB" if r["memory_gb"] else "-", r["fabric"],
+                      r["network"], r["health"], ", ".join(r["held_by"]) or "-")
+        if any(r["simulated"] for r in rows):
+            t.caption = "simulated: declared for tests and planning; runs as CPU workers, never billed"
+        out.print(t)

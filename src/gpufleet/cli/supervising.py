@@ -1,0 +1,100 @@
+"""What `run` shows while it hands a job over: each node's command for a dry run, then the
+job's supervisor, detached or in this process behind a live view whose outcome is the exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from gpufleet.cli.app import out, silence_stdout
+
+if TYPE_CHECKING:
+    from gpufleet.lifecycle.submit import DryRun
+    from gpufleet.store import Cluster, Job, Store
+
+
+def print_dry_run(dry: DryRun) -> None:
+    """What `run` would start, node by node, without starting or reserving anything."""
+    from gpufleet.launch import frameworks
+    from gpufleet.launch.torchrun import JobContext
+    from gpufleet.store import gpufleet_home
+
+    spec, placements = dry.spec, dry.placements
+    assert spec.name is not None
+    job_dir = gpufleet_home() / "jobs" / spec.name
+    ctx = JobContext(job_name=spec.name, cluster_name=dry.cluster, job_dir=job_dir,
+                     report_addr="127.0.0.1:<report port>", fabric=dry.fabric, python=sys.executable,
+                     host_cpus=os.cpu_count() or 1)
+    if len(placements) > 1:  # what each node's agent runs (rendezvous on the head)
+        head = placements[0].address
+        commands = [(p.node_id, frameworks.build(spec, dry.layout, p, ctx, rdzv=frameworks.Rendezvous(
+            len(placements), i, f"{head}:<port>", spec.name, p.address)))
+            for i, p in enumerate(placements)]
+    else:
+        commands = [(p.node_id, frameworks.build(spec, dry.layout, p, ctx)) for p in placements]
+    out.print(f"# dry run: job {spec.name}, {spec.framework}, {dry.layout.describe}", markup=False,
+              highlight=False, emoji=False)
+    out.print(frameworks.describe(commands, job_dir), markup=False, highlight=False, soft_wrap=True,
+              emoji=False)
+
+
+def hand_over(st: Store, job: Job, cluster: Cluster, detach: bool,
+               cpu_slots: int | None = None) -> None:
+    """Hand the job to its supervisor: a detached process, or this one with a live view; the
+    exit code is the job's outcome."""
+    from gpufleet.lifecycle import runs
+    from gpufleet.lifecycle.status import JobStatus
+
+    if detach:
+        runs.start_detached(st, job, cpu_slots)
+        out.print(f"Job [bold]{job.name}[/] started on {cluster.name} in the background.\n"
+                  f"  follow:  gpufleet logs {job.name} -f\n  status:  gpufleet status {job.name}"
+                  f"\n  stop:    gpufleet stop {job.name}")
+        return
+    final, interrupted = _foreground(st, job, cluster, cpu_slots)
+    if final.status == JobStatus.SUCCEEDED:
+        raise typer.Exit(0)
+    raise typer.Exit(130 if interrupted else 1)  # 130: what a shell reports after Ctrl-C
+
+
+def _foreground(st: Store, job: Job, cluster: Cluster,
+                cpu_slots: int | None = None) -> tuple[Job, bool]:
+    """Supervise the job in this process with a live view; (final job, ended by Ctrl-C)."""
+    from rich.live import Live
+
+    from gpufleet import ui
+    from gpufleet.lifecycle import runs
+
+    last_line = [0.0]
+
+    def on_line(rank: int | None, text: str) -> None:
+        # rank 0 and the agent speak for the job; every rank's lines are in `gpufleet logs`
+        if rank in (0, None):
+            label = "agent" if rank is None else f"rank{rank}"
+            out.print(f"[{label}] {text}", markup=False, highlight=False, soft_wrap=True,
+                      emoji=False)
+
+    if out.is_terminal:  # a live panel under the scrolling log lines
+        with Live(console=out, refresh_per_second=4, transient=True) as live:
+            final, sup = runs.supervise_here(st, job, cluster, cpu_slots,
+                                      on_tick=lambda v: live.update(ui.job_panel(v)),
+                                      on_line=on_line)
+    else:  # logs and a progress line every 10 s
+        def on_tick(v: Any) -> None:
+            if v.step is not None and time.time() - last_line[0] >= 10:
+                last_line[0] = time.time()
+                out.print(ui.progress_line(v), markup=False, highlight=False)
+
+        final, sup = runs.supervise_here(st, job, cluster, cpu_slots, on_tick=on_tick,
+                                         on_line=on_line)
+    try:
+        out.print(ui.summary_table(sup.view()))
+        out.print(f"Logs: gpufleet logs {final.name}   (per rank: {final.job_dir}/logs)")
+    except BrokenPipeError:  # `gpufleet run ... | head`: the job's outcome still sets the exit code
+        silence_stdout()
+    return final, sup.interrupted

@@ -1,0 +1,78 @@
+"""Putting a cluster in place: the pool a spec names, a quote, then the reservation.
+
+The caller decides whether the quote is acceptable (`approve`): the CLI shows it and asks, an
+API server can check it against a budget, and both get the same refusals and the same records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.errors import AllocationError
+from gpufleet.lifecycle import clusters, jobs, pools
+from gpufleet.pool.model import Placement
+from gpufleet.spec import ClusterSpec
+from gpufleet.store import Cluster, Store
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What launching `spec` would reserve and cost, before anything is reserved."""
+
+    spec: ClusterSpec
+    pool: str | None  # None: this host
+    network: str
+    quote: clusters.Quote
+
+
+Approve = Callable[[Offer], None]
+"""Called with the offer before devices are reserved; raising refuses it."""
+
+
+def open_store() -> Store:
+    """The state file, with jobs whose supervisor died already recorded as ended."""
+    store = Store()
+    jobs.reconcile(store)
+    return store
+
+
+def backend_of(store: Store, cluster: Cluster, cpu_slots: int | None = None) -> Any:
+    """The backend of the pool the cluster was carved from."""
+    return pools.backend_for(pools.pool_of(store, cluster), cpu_slots)
+
+
+def with_pool(store: Store, data: dict[str, Any]) -> dict[str, Any]:
+    """A cluster spec's `pool` and `backend` resolved against the store: the named pool, the
+    only pool of the named kind, or the default pool."""
+    row = pools.resolve(store, data.get("pool"), data.get("backend"))
+    return {**data, "pool": row.name if row else None, "backend": row.kind if row else "local"}
+
+
+def allocation(store: Store, spec: ClusterSpec,
+               cpu_slots: int | None = None) -> tuple[list[Placement], str]:
+    """Where the cluster would go and over which fabric, reserving nothing (a dry run)."""
+    prow = pools.resolve(store, spec.pool, spec.backend)
+    nodes = pools.backend_for(prow, cpu_slots).discover()
+    alloc = clusters.check(store, spec, nodes, prow.name if prow else None)
+    return list(alloc.placements), clusters.network_of(spec, alloc, nodes)
+
+
+def provision(store: Store, spec: ClusterSpec, approve: Approve, cpu_slots: int | None = None,
+              for_job: str | None = None) -> Cluster:
+    """Reserve the devices `spec` asks for, after `approve` accepted the quote. A request the
+    pool cannot meet is refused before it is quoted."""
+    pool = pools.resolve(store, spec.pool, spec.backend)
+    nodes = pools.backend_for(pool, cpu_slots).discover()
+    try:
+        alloc = clusters.check(store, spec, nodes, pool.name if pool else None)
+    except AllocationError as exc:
+        if pool is None:
+            raise
+        raise AllocationError(f"{exc} [pool {pool.name}; this host's devices: --pool local, or "
+                              "gpufleet pool use local]") from None
+    network = clusters.network_of(spec, alloc, nodes)
+    approve(Offer(spec, pool.name if pool else None, network,
+                  clusters.quote_for(spec, network, clusters.is_simulated(alloc))))
+    return clusters.launch(store, spec, nodes, for_job=for_job, pool=pool.name if pool else None)

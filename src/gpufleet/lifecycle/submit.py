@@ -1,0 +1,196 @@
+"""Submitting a job and resuming one: every check that refuses a job before anything starts,
+then the job record on its cluster (an existing one, or one made for the job).
+
+What the CLI's `run` and `run --resume` do, as functions an API server can call too. Starting
+the supervisor is `lifecycle.runs`; nothing here prints or asks.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufleet import catalog
+from gpufleet.backends.base import capabilities
+from gpufleet.errors import ConflictError, GpufleetError, SpecError
+from gpufleet.lifecycle import clusters, jobs
+from gpufleet.lifecycle.provision import Approve, allocation, provision
+from gpufleet.lifecycle.status import JobStatus
+from gpufleet.parallelism import Layout
+from gpufleet.pool.model import Placement
+from gpufleet.spec import ClusterSpec, JobSpec
+from gpufleet.store import Cluster, Job, Store
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What `submit` would start, node by node, with nothing started or reserved."""
+
+    spec: JobSpec  # named
+    layout: Layout
+    placements: list[Placement]
+    cluster: str
+    fabric: str
+
+
+def check_pool_job(spec: JobSpec, kind: str | None, nodes: int) -> None:
+    """What a job on a pool other than this host cannot do, refused before anything starts."""
+    from gpufleet.launch.frameworks import MULTI_NODE_FRAMEWORKS
+
+    caps = capabilities(kind)
+    if not caps.runs_jobs:
+        raise SpecError([("cluster", "a simulated pool only plans and reserves; run jobs on the "
+                          "local pool or a Ray pool (--pool local, or gpufleet pool up --local)")])
+    if not caps.this_host or nodes > 1:
+        if spec.framework not in MULTI_NODE_FRAMEWORKS:
+            raise SpecError([("framework", f"'{spec.framework}' runs on this host's pool only; "
+                              f"on a Ray pool allowed: {', '.join(MULTI_NODE_FRAMEWORKS)}")])
+        if spec.worker_range is not None:
+            raise SpecError([("workers", "elastic resizing runs on the local pool only; on a "
+                              "Ray pool, --max-restarts replaces a lost node instead")])
+    elif spec.worker_range is not None and not caps.elastic:
+        raise SpecError([("workers", "elastic resizing runs on the local pool only")])
+
+
+def first_world(spec: JobSpec, devices: int, cluster: str, nodes: int = 1) -> int:
+    """Workers the job starts with: one per device (or --workers-per-node), or for an elastic
+    job the largest size in its range that the cluster's devices allow."""
+    from gpufleet.supervise.supervisor import elastic_plan
+
+    if spec.worker_range is None:
+        return spec.workers_per_node * nodes if spec.workers_per_node else devices
+    policy, allowed, first = elastic_plan(spec, devices)
+    assert policy is not None
+    if not allowed:
+        raise SpecError([("workers", f"no size in {spec.workers} suits the job: a size must "
+                          f"divide {policy.max_workers} (the global batch is fixed at the "
+                          "largest size) and fit its layout")])
+    if first > devices:
+        raise SpecError([("workers", f"{spec.workers} needs at least {allowed[0]} device(s); "
+                          f"cluster {cluster} has {devices} (use --count {allowed[0]} or more)")])
+    return first
+
+
+def preflight(spec: JobSpec, gpu: str, world: int, dry_run: bool = False) -> Layout:
+    """Refuse a job whose layout, model, precision or framework cannot work, before anything
+    starts or is reserved (a dry run does not need the framework installed)."""
+    from gpufleet import preflight as checks
+
+    path = Path(spec.workdir or ".") / spec.script
+    try:
+        source: str | None = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        source = None  # not Python text we can read: the shape checks are skipped
+    layout = checks.check(spec, catalog.resolve_gpu(gpu), world, source)
+    if not dry_run:
+        module = checks.FRAMEWORK_MODULES.get(spec.framework, ("",))[0]
+        found = {module} if module and _importable(module) else set()
+        problem = checks.missing_framework(spec.framework, found)
+        if spec.framework == "horovod" and not problem and not shutil.which("horovodrun"):
+            problem = "horovodrun is not on PATH; install horovod with its launcher"
+        if problem:
+            raise SpecError([("framework", problem)])
+    return layout
+
+
+def _importable(module: str) -> bool:
+    """Whether the job's Python can import `module`, tried in a child process: importing Ray or
+    Horovod here would be slow, and a broken install can fail in any way."""
+    try:
+        probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                               timeout=120)
+    except subprocess.TimeoutExpired:
+        return False
+    return probe.returncode == 0
+
+
+def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None = None,
+           dry_run: bool = False) -> tuple[Job, Cluster] | DryRun:
+    """Check the job, make its cluster if the spec describes one (after `approve`), and create
+    its record, ready for a supervisor. A refused job leaves no cluster made for it behind."""
+    spec = spec.model_copy(update={"name": jobs.job_name_for(spec)})  # fixed once, used twice
+    assert spec.name is not None
+    made_here = isinstance(spec.cluster, ClusterSpec)
+    if isinstance(spec.cluster, ClusterSpec):
+        cspec = spec.cluster
+        if cspec.name is None:
+            cspec = cspec.model_copy(update={"name": clusters.new_name("run")})
+        jobs.check_name_free(store, spec.name)
+        jobs.check_workers(spec, cspec.per_node, cspec.name or "")
+        layout = preflight(spec, cspec.gpu, first_world(spec, cspec.count, cspec.name or "",
+                                                        cspec.node_count), dry_run)
+        check_pool_job(spec, cspec.backend, cspec.nodes or 1)
+        if dry_run:
+            placements, fabric = allocation(store, cspec, cpu_slots)
+            return DryRun(spec, layout, placements, cspec.name or "", fabric)
+        cluster = provision(store, cspec, approve, cpu_slots, for_job=spec.name)
+        try:
+            check_pool_job(spec, cluster.backend, cluster.nodes)
+            jobs.check_workers(spec, cluster.count // cluster.nodes, cluster.name)
+        except GpufleetError:
+            clusters.stop(store, cluster.name, reason="job refused", cluster_id=cluster.id)
+            raise
+    else:
+        assert spec.cluster is not None
+        cluster = clusters.get(store, spec.cluster)
+        if cluster.status not in clusters.ACTIVE:
+            raise ConflictError(f"cluster: '{cluster.name}' is {cluster.status}; launch a new one")
+        jobs.check_workers(spec, cluster.count // cluster.nodes, cluster.name)
+        check_pool_job(spec, cluster.backend, cluster.nodes)
+        jobs.check_name_free(store, spec.name)
+        jobs.check_cluster_free(store, cluster)
+        layout = preflight(spec, cluster.gpu, first_world(spec, cluster.count, cluster.name,
+                                                          cluster.nodes), dry_run)
+        if dry_run:
+            return DryRun(spec, layout, clusters.placements(store, cluster), cluster.name,
+                          cluster.network)
+    world = first_world(spec, cluster.count, cluster.name, cluster.nodes)
+    try:
+        job = jobs.create(store, spec, cluster, world)
+    except GpufleetError:
+        if made_here:
+            clusters.stop(store, cluster.name, reason="job could not be created",
+                          cluster_id=cluster.id)
+        raise
+    return job, cluster
+
+
+def resume(store: Store, name: str, approve: Approve,
+           cpu_slots: int | None = None) -> tuple[Job, Cluster]:
+    """An ended job reopened on its cluster (made again, after `approve`, if it was made for
+    the job), to continue from the newest checkpoint in its folder."""
+    job = jobs.get(store, name)
+    if job.status in jobs.ACTIVE:
+        raise ConflictError(f"resume: job '{name}' is {job.status}; stop it first "
+                            f"(gpufleet stop {name}) or follow it (gpufleet logs {name} -f)")
+    if job.status == JobStatus.SUCCEEDED:
+        raise ConflictError(f"resume: job '{name}' already succeeded; nothing to resume")
+    spec = jobs.spec_of(job)
+    with store.read() as s:
+        old = s.get(Cluster, job.cluster_id)
+    assert old is not None
+    if old.status in clusters.ACTIVE:
+        cluster = old
+    elif old.for_job == job.name:
+        cspec = ClusterSpec.model_validate_json(old.spec_json).model_copy(update={"name": old.name})
+        cluster = provision(store, cspec, approve, cpu_slots, for_job=job.name)
+    else:
+        cluster = clusters.get(store, old.name)
+        if cluster.status not in clusters.ACTIVE:
+            raise ConflictError(f"cluster: job '{name}' ran on cluster '{old.name}', which is "
+                                f"stopped; launch one with that name (gpufleet launch --name "
+                                f"{old.name} ...) and resume again")
+    try:
+        jobs.check_cluster_free(store, cluster)
+        world = first_world(spec, cluster.count, cluster.name, cluster.nodes)
+        preflight(spec, cluster.gpu, world)
+        job = jobs.reopen(store, job, cluster, world,
+                          "resumed by gpufleet run --resume, from its newest checkpoint")
+    except GpufleetError:
+        if cluster.for_job == job.name and cluster.id != old.id:
+            clusters.stop(store, cluster.name, reason="job could not resume", cluster_id=cluster.id)
+        raise
+    return job, cluster

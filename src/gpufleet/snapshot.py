@@ -1,0 +1,101 @@
+"""`list` read straight from the state file with the stdlib `sqlite3` module, read-only.
+
+Opening the store (SQLAlchemy, its models, the schema check) costs half a second of CPU, more
+than everything else `gpufleet list` does. When there is nothing for the store's upkeep to do
+and no pool to ask about devices, the rows come from here; otherwise `cluster_rows` returns
+None and the caller reads through the store as before. `store/models.py` stays the one schema:
+`COLUMNS` names what is read here, and tests/unit/test_snapshot.py checks both against it and
+against the store's own rows.
+
+Served here: no clusters, or only stopped ones (`list --all`), with no job still active. A
+running cluster needs its pool's devices for its health, and an active job may need
+`jobs.reconcile` (its supervisor may have died): those go through the store.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE
+
+SCHEMA_VERSION = 2  # store.db.SCHEMA_VERSION, which this reader understands
+COLUMNS = {
+    "clusters": ("id", "name", "gpu", "count", "nodes", "network", "status", "price_book",
+                 "usd_per_hour", "started_at", "stopped_at", "banked_usd", "rate_since",
+                 "created_at", "pool", "simulated"),
+    "jobs": ("id", "name", "status", "cluster_id"),
+    "reservations": ("cluster_id",),
+}
+
+
+def state_path() -> Path:
+    """Where `store.Store()` keeps its state (`$GPUFLEET_HOME/state.db`), found without
+    creating anything."""
+    home = Path(os.environ.get("GPUFLEET_HOME") or Path.home() / ".gpufleet").expanduser()
+    return home / "state.db"
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def cluster_rows(path: Path, every: bool, now: float) -> list[dict[str, Any]] | None:
+    """`list`'s rows (every cluster, or only running ones), or None when the store must be
+    opened: no state file yet, another schema, an active job, or a running cluster to show."""
+    if not path.is_file():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return None
+    try:
+        return _rows(db, every, now)
+    except sqlite3.Error:  # a column or table this version does not know: the store decides
+        return None
+    finally:
+        db.close()
+
+
+def _rows(db: sqlite3.Connection, every: bool, now: float) -> list[dict[str, Any]] | None:
+    if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+        return None
+    db.execute("BEGIN")  # one snapshot for every query below
+    active_jobs = db.execute(f"SELECT count(*) FROM jobs WHERE status IN ({_marks(len(JOB_ACTIVE))})",
+                             [str(s) for s in JOB_ACTIVE]).fetchone()[0]
+    if active_jobs:
+        return None
+    cols = COLUMNS["clusters"]
+    q = f"SELECT {', '.join(cols)} FROM clusters"
+    if not every:
+        q += f" WHERE status IN ({_marks(len(CLUSTER_ACTIVE))})"
+    found = [dict(zip(cols, r, strict=True)) for r in
+             db.execute(q + " ORDER BY id", [] if every else [str(s) for s in CLUSTER_ACTIVE])]
+    if any(c["status"] in CLUSTER_ACTIVE for c in found):
+        return None
+    if not found:
+        return []
+    held = db.execute("SELECT count(*) FROM reservations WHERE cluster_id IN "
+                      f"({_marks(len(found))})", [c["id"] for c in found]).fetchone()[0]
+    if held:  # a stopped cluster holds nothing; if one does, the store knows better
+        return None
+    from gpufleet.plan import cost
+
+    rows = []
+    for c in found:
+        job = db.execute("SELECT name, status FROM jobs WHERE cluster_id = ? ORDER BY id DESC "
+                         "LIMIT 1", [c["id"]]).fetchone()
+        rows.append({
+            "name": c["name"], "gpu": c["gpu"], "count": c["count"], "nodes": c["nodes"],
+            "network": c["network"], "devices": [], "status": c["status"],
+            "price_book": c["price_book"], "usd_per_hour": c["usd_per_hour"],
+            "started_at": c["started_at"], "stopped_at": c["stopped_at"],
+            "cost_usd": cost.accrued_usd(c["usd_per_hour"], c["started_at"], c["stopped_at"], now,
+                                         c["banked_usd"] or 0.0, c["rate_since"]),
+            "job": job[0] if job else None, "job_status": job[1] if job else None,
+            "topology": c["network"], "age_s": now - c["created_at"], "health": "-",
+            "pool": c["pool"] or "local", "simulated": bool(c["simulated"]),
+        })
+    return rows

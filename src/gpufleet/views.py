@@ -1,0 +1,102 @@
+"""What `list`, `status`, the dashboard and `/metrics` show of clusters and jobs, read from the
+store.
+
+Every figure comes from the same functions the terminal uses (`supervise.view.job_view`,
+`plan.cost`), so the page, the CLI and Prometheus agree to the cent. It lives outside `web/` so
+the CLI reads it without the web server's modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from gpufleet.errors import NotFoundError
+from gpufleet.lifecycle import clusters, jobs
+from gpufleet.plan import cost
+from gpufleet.pool.model import Node
+from gpufleet.store import Cluster, Job, Store
+from gpufleet.supervise.view import JobView, job_view
+from gpufleet.telemetry import records
+
+
+def cluster_dict(store: Store, c: Cluster, now: float) -> dict[str, Any]:
+    with store.read() as s:
+        job = s.scalar(select(Job).where(Job.cluster_id == c.id).order_by(Job.id.desc()))
+    return {
+        "name": c.name, "gpu": c.gpu, "count": c.count, "nodes": c.nodes, "network": c.network,
+        "devices": clusters.device_ids(store, c), "status": c.status,
+        "price_book": c.price_book, "usd_per_hour": c.usd_per_hour,
+        "started_at": c.started_at, "stopped_at": c.stopped_at,
+        "cost_usd": cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, now,
+                                     c.banked_usd or 0.0, c.rate_since),
+        "job": job.name if job else None, "job_status": job.status if job else None,
+    }
+
+
+def cluster_row(store: Store, c: Cluster, now: float, nodes: list[Node] | None) -> dict[str, Any]:
+    """`list`'s row of a cluster: what the dashboard shows, plus its health against the devices
+    seen now (`nodes` None: the pool could not be reached)."""
+    row = cluster_dict(store, c, now)
+    health = clusters.health(c, clusters.placements(store, c), nodes) if nodes is not None \
+        else "unknown: pool unreachable"
+    return {**row, "topology": c.network, "age_s": now - c.created_at, "health": health,
+            "pool": c.pool or "local", "nodes": c.nodes, "simulated": bool(c.simulated)}
+
+
+def all_clusters(store: Store, now: float, active_only: bool = False,
+                 limit: int = 200) -> list[dict[str, Any]]:
+    q = select(Cluster).order_by(Cluster.id.desc()).limit(limit)
+    if active_only:
+        q = q.where(Cluster.status.in_(clusters.ACTIVE))
+    with store.read() as s:
+        found = list(s.scalars(q))
+    return [cluster_dict(store, c, now) for c in found]
+
+
+def views(store: Store, now: float, limit: int = 200,
+          since: float | None = None) -> list[tuple[Job, Cluster, JobView]]:
+    """Jobs newest first, with their view; `since`: only jobs active or ended after it."""
+    q = select(Job, Cluster).join(Cluster, Cluster.id == Job.cluster_id) \
+        .order_by(Job.id.desc()).limit(limit)
+    if since is not None:
+        q = q.where((Job.status.in_(jobs.ACTIVE)) | (Job.ended_at >= since))
+    with store.read() as s:
+        rows = [(row[0], row[1]) for row in s.execute(q)]
+    return [(j, c, job_view(j, c, now)) for j, c in rows]
+
+
+def job_detail(store: Store, name: str, now: float) -> dict[str, Any]:
+    """One job: its view's fields (progress, cost, ETA, projected cost) at the top, then its
+    cluster, events, findings, and the newest value of every device and rank series."""
+    j = jobs.refresh(store, name)
+    with store.read() as s:
+        c = s.get(Cluster, j.cluster_id)
+    if c is None:
+        raise NotFoundError(f"job: '{name}' has no cluster record")
+    view = job_view(j, c, now, jobs.model_state(store, j.name))
+    return {
+        **view.as_dict(),
+        "now": now,
+        "cluster_info": cluster_dict(store, c, now),
+        "events": [{"time": e.time, "kind": e.kind, "reason": e.reason}
+                   for e in jobs.events(store, j.id)],
+        "findings": records.findings(store, j.id),
+        "latest": records.latest(store, j.name),
+    }
+
+
+def job_series(store: Store, name: str, since: float, names: list[str] | None,
+               now: float) -> dict[str, Any]:
+    jobs.get(store, name)  # NotFoundError for an unknown job
+    return {"now": now, "series": records.series(store, name, since, names)}
+
+
+def check_name(store: Store, name: str) -> None:
+    """Refuse a name that is neither a job nor a cluster (what a dashboard can open on)."""
+    with store.read() as s:
+        found = s.scalar(select(Job.id).where(Job.name == name)) or \
+            s.scalar(select(Cluster.id).where(Cluster.name == name))
+    if found is None:
+        raise NotFoundError(f"name: no cluster or job called '{name}' (see gpufleet list --all)")
