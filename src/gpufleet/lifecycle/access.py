@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.backends.base import capabilities
+from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import ConflictError, NotFoundError
 from gpufleet.lifecycle import clusters
 from gpufleet.store import Cluster, Store

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet import catalog
-from gpufleet.backends.base import capabilities
+from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import ConflictError, GpufleetError, SpecError
 from gpufleet.lifecycle import clusters, jobs
 from gpufleet.lifecycle.provision import Approve, allocation, provision
