@@ -33,14 +33,9 @@ def pool_add(
     """Register a pool; it becomes the default for launch and run unless --no-default."""
     from gpufleet.lifecycle import pool_setup
 
-    adder = pool_setup.add_ray if pool_setup.check_kind(kind) == "ray" else pool_setup.add_sim
-    added = adder(store(), name, address, shape or [], token_file, not no_default)
-    if adder is pool_setup.add_ray:
-        out.print(f"Pool [bold]{added.name}[/]: Ray cluster at {address}, {added.nodes} live "
-                  f"node(s), {added.devices} device(s).")
-    else:
-        out.print(f"Pool [bold]{added.name}[/]: simulated, {added.nodes} nodes, "
-                  f"{added.devices} devices.")
+    pool_setup.check_kind(kind)  # before the store is opened
+    added = pool_setup.add(store(), kind, name, address, shape or [], token_file, not no_default)
+    out.print(f"Pool [bold]{added.name}[/]: {added.summary}.")
     if not no_default:
         out.print("It is now the default pool (back to this host: gpufleet pool use local).")
 

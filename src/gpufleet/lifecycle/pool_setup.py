@@ -35,6 +35,7 @@ class Added:
     name: str
     nodes: int  # live nodes
     devices: int
+    summary: str  # what `pool add` says of it, e.g. "simulated, 1000 nodes, 8000 devices"
 
 
 def add_ray(store: Store, name: str | None, address: str | None, shapes: list[str],
@@ -63,7 +64,9 @@ def add_ray(store: Store, name: str | None, address: str | None, shapes: list[st
             ray_auth.forget(path)
         raise
     live = [n for n in found if n.healthy]
-    return Added(pool_name, len(live), sum(len(n.devices) for n in live))
+    devices = sum(len(n.devices) for n in live)
+    return Added(pool_name, len(live), devices,
+                 f"Ray cluster at {address}, {len(live)} live node(s), {devices} device(s)")
 
 
 def add_sim(store: Store, name: str | None, address: str | None, shapes: list[str],
@@ -77,7 +80,15 @@ def add_sim(store: Store, name: str | None, address: str | None, shapes: list[st
         raise SpecError([(field, f"a sim pool has no {field.replace('_', ' ')}; give --shape")])
     parsed = sim.parse_shapes(shapes)
     pools.add(store, pool_name, "sim", None, {"shapes": [x.text() for x in parsed]}, make_default)
-    return Added(pool_name, sum(x.nodes for x in parsed), sum(x.nodes * x.per_node for x in parsed))
+    nodes, devices = sum(x.nodes for x in parsed), sum(x.nodes * x.per_node for x in parsed)
+    return Added(pool_name, nodes, devices, f"simulated, {nodes} nodes, {devices} devices")
+
+
+def add(store: Store, kind: str, name: str | None, address: str | None, shapes: list[str],
+        token_file: Path | None, make_default: bool) -> Added:
+    """`pool add KIND ...`: the kind's own checks and registration."""
+    adder = {"ray": add_ray, "sim": add_sim}[check_kind(kind)]
+    return adder(store, name, address, shapes, token_file, make_default)
 
 
 def check_kind(kind: str) -> str:
