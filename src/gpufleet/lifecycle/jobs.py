@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.errors import ConflictError, NotFoundError, SpecError
 from gpufleet.lifecycle import clusters
-from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL
+from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, JobStatus
 from gpufleet.spec import JobSpec, check_name
 from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
 
@@ -66,19 +66,19 @@ def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Jo
         if s.scalar(select(Job).where(Job.name == name)) is not None:
             raise ConflictError(f"name: a job named '{name}' already exists; pick another name")
         _check_cluster_free(s, cluster)
-        job = Job(name=name, cluster_id=cluster.id, status="starting",  # pid set by the caller
+        job = Job(name=name, cluster_id=cluster.id, status=JobStatus.STARTING,  # pid set by the caller
                   spec_json=spec.model_dump_json(), job_dir=str(job_dir),
                   world_size=world_size, created_at=time.time(), samples=0)
         s.add(job)
         s.flush()
-        s.add(Event(job_id=job.id, time=job.created_at, kind="starting",
+        s.add(Event(job_id=job.id, time=job.created_at, kind=JobStatus.STARTING,
                     reason=f"{world_size} worker(s) on cluster {cluster.name}"))
     job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     return job
 
 
-def transition(store: Store, job_id: int, status: str, reason: str = "",
-               expect: tuple[str, ...] = ACTIVE, fields: dict[str, object] | None = None) -> bool:
+def transition(store: Store, job_id: int, status: JobStatus, reason: str = "",
+               expect: tuple[JobStatus, ...] = ACTIVE, fields: dict[str, object] | None = None) -> bool:
     """Move a job to `status` if it is still in one of `expect`; False (and no change) if not.
 
     Compare-and-set in one write transaction, so a `stop` and a starting supervisor cannot undo
@@ -90,7 +90,7 @@ def transition(store: Store, job_id: int, status: str, reason: str = "",
         if job is None or job.status not in expect:
             return False
         job.status = status
-        if status == "running" and job.started_at is None:
+        if status == JobStatus.RUNNING and job.started_at is None:
             job.started_at = now
         if status in FINAL:
             job.ended_at = now
@@ -108,7 +108,7 @@ def begin_running(store: Store, job_id: int, cluster_id: int, reason: str) -> bo
         cluster = s.get(Cluster, cluster_id)
         if cluster is None or cluster.status not in CLUSTER_ACTIVE:
             return False
-    return transition(store, job_id, "running", reason, expect=("starting",))
+    return transition(store, job_id, JobStatus.RUNNING, reason, expect=(JobStatus.STARTING,))
 
 
 def set_supervisor(store: Store, job_id: int, pid: int) -> None:
@@ -140,11 +140,11 @@ def reopen(store: Store, job: Job, cluster: Cluster, world_size: int, reason: st
         if row is None or row.status not in FINAL:
             raise ConflictError(f"job: '{job.name}' is {row.status if row else 'gone'}; only an "
                                 "ended job can be resumed")
-        row.status, row.cluster_id, row.world_size = "starting", cluster.id, world_size
+        row.status, row.cluster_id, row.world_size = JobStatus.STARTING, cluster.id, world_size
         row.ended_at = row.exit_code = row.reason = None
         row.supervisor_pid = row.supervisor_started = None
         row.first_step = row.first_step_at = row.samples_per_s = None
-        s.add(Event(job_id=job.id, time=now, kind="starting", reason=reason))
+        s.add(Event(job_id=job.id, time=now, kind=JobStatus.STARTING, reason=reason))
     return get(store, job.name)
 
 
@@ -193,13 +193,13 @@ def supervisor_alive(job: Job) -> bool:
         return False
 
 
-def _gone_outcome(job: Job) -> tuple[str, str]:
+def _gone_outcome(job: Job) -> tuple[JobStatus, str]:
     """What a job whose supervisor vanished ended as. A `gpufleet stop` that lands while a
     detached supervisor is still importing kills it before its SIGTERM handler exists: the user
     asked for a stop and got one, so the job is stopped, not interrupted."""
     if job.reason == STOP_REQUESTED:
-        return "stopped", f"{STOP_REQUESTED}; the supervisor ended before recording it"
-    return "interrupted", "the supervisor process is gone"
+        return JobStatus.STOPPED, f"{STOP_REQUESTED}; the supervisor ended before recording it"
+    return JobStatus.INTERRUPTED, "the supervisor process is gone"
 
 
 def reconcile(store: Store) -> None:

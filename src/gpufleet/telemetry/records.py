@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from gpufleet.lifecycle.status import JobStatus
 from gpufleet.store import Diagnosis, Event, Job, Metric, Store
 from gpufleet.telemetry.diagnose import Finding
 from gpufleet.telemetry.schema import JOB_RANK
@@ -114,7 +115,7 @@ def baseline_samples_per_s(store: Store, job: Job, gpu: str) -> float | None:
     with store.read() as s:
         rows = s.execute(select(Job.spec_json, Job.samples_per_s).join(
             Cluster, Cluster.id == Job.cluster_id).where(
-            Job.status == "succeeded", Job.world_size == 1, Job.id != job.id,
+            Job.status == JobStatus.SUCCEEDED, Job.world_size == 1, Job.id != job.id,
             Cluster.gpu == gpu, Job.samples_per_s.is_not(None)).order_by(Job.id.desc())
             .limit(200)).all()
     for spec_json, sps in rows:
