@@ -1,5 +1,6 @@
-"""`gpufleet --help`, `prices` and `list` import none of the heavy modules: checked by what
-is in `sys.modules` after the command ran, not by timing it (bench/cli_startup.py times it)."""
+"""`gpufleet --help`, `prices`, `list` and `status` of an ended job import none of the heavy
+modules: checked by what is in `sys.modules` after the command ran, not by timing it
+(bench/cli_startup.py times it)."""
 
 from __future__ import annotations
 
@@ -63,9 +64,8 @@ def test_list_with_no_state_file_yet_goes_through_the_store(tmp_path: Path) -> N
     assert (tmp_path / "fresh" / "state.db").exists()
 
 
-def test_status_reads_the_views_without_the_web_package(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """`status --json` needs the store, but not the dashboard's modules."""
+def _bench_home(home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The state folder bench/cli_startup.py times `status` on: one ended job; its name."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -73,9 +73,32 @@ def test_status_reads_the_views_without_the_web_package(tmp_path: Path,
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    home = tmp_path / "home"
     monkeypatch.setenv("GPUFLEET_HOME", str(home))
     bench.make_home(home)
-    modules = _modules_after(["status", bench.JOB, "--json"], home)
-    assert "gpufleet.views" in modules
+    return str(bench.JOB)
+
+
+def test_status_of_an_ended_job_reads_the_state_file_without_the_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status JOB --json` of an ended job: no SQLAlchemy, no Pydantic (gpufleet.snapshot_job)."""
+    home = tmp_path / "home"
+    job = _bench_home(home, monkeypatch)
+    modules = _modules_after(["status", job, "--json"], home)
+    assert "gpufleet.snapshot_job" in modules
+    assert _heavy(modules) == []
+
+
+def test_status_of_an_active_job_goes_through_the_store(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An active job's supervisor may have died: the store records that first (reconcile),
+    and `status --json` needs the views, but not the dashboard's modules."""
+    import sqlite3
+
+    home = tmp_path / "home"
+    job = _bench_home(home, monkeypatch)
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute("UPDATE jobs SET status = 'running', ended_at = NULL, supervisor_pid = NULL")
+    db.close()
+    modules = _modules_after(["status", job, "--json"], home)
+    assert "gpufleet.views" in modules and "sqlalchemy" in modules
     assert [m for m in modules if m.startswith(("gpufleet.web", "fastapi", "uvicorn"))] == []

@@ -222,21 +222,33 @@ def status(
     Step, samples/s, loss, cost so far, ETA and projected cost; per device utilization and
     memory; per rank step, data-wait and communication time; findings with the fix to try.
     """
-    from gpufleet import ui
-    from gpufleet.lifecycle.status import JOB_ACTIVE
-    from gpufleet.views import job_detail
+    from gpufleet.snapshot import state_path
+    from gpufleet.snapshot_job import job_detail as ended_job_detail
 
-    st = store()
-    detail = job_detail(st, job, time.time())
+    # An ended job is read straight from the state file (see gpufleet.snapshot_job); any
+    # other goes through the store, which first records a dead supervisor.
+    st: Store | None = None
+    detail = ended_job_detail(state_path(), job, time.time())
+    if detail is None:
+        from gpufleet.views import job_detail
+
+        st = store()
+        detail = job_detail(st, job, time.time())
     if as_json:
         print_json(detail)
         return
+    from gpufleet import ui
+    from gpufleet.lifecycle.status import JOB_ACTIVE
+
     follow = (watch or (out.is_terminal and not once)) and detail["status"] in JOB_ACTIVE
     if not follow:
         out.print(ui.status_view(detail))
         return
     from rich.live import Live
 
+    from gpufleet.views import job_detail
+
+    st = st or store()  # following an active job: always through the store
     try:
         with Live(ui.status_view(detail), console=out, refresh_per_second=2) as live:
             while detail["status"] in JOB_ACTIVE:

@@ -1,18 +1,84 @@
 """What a user sees about a job, computed from its records. Pure: `now` is passed in.
 
 The live view during `run`, `status` and `status --json` all go through `job_view`, so they agree.
+It takes any object with a job's and a cluster's fields (`JobRecord`, `ClusterRecord`): the
+store's rows, or the plain rows `gpufleet.snapshot_job` reads with stdlib `sqlite3`, so this
+module imports neither SQLAlchemy nor Pydantic until a stored spec has to be validated.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpufleet.plan import cost
-from gpufleet.spec import JobSpec
-from gpufleet.store import Cluster, Job
+
+
+class JobRecord(Protocol):
+    """The fields of a job row (store.Job) that its view reads."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def spec_json(self) -> str: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def created_at(self) -> float: ...
+    @property
+    def started_at(self) -> float | None: ...
+    @property
+    def ended_at(self) -> float | None: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def total_steps(self) -> int | None: ...
+    @property
+    def samples(self) -> int: ...
+    @property
+    def loss(self) -> float | None: ...
+    @property
+    def first_loss(self) -> float | None: ...
+    @property
+    def samples_per_s(self) -> float | None: ...
+    @property
+    def first_step(self) -> int | None: ...
+    @property
+    def first_step_at(self) -> float | None: ...
+    @property
+    def last_report_at(self) -> float | None: ...
+    @property
+    def reason(self) -> str | None: ...
+
+
+class ClusterRecord(Protocol):
+    """The fields of a cluster row (store.Cluster) that a job's view reads."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def gpu(self) -> str: ...
+    @property
+    def price_book(self) -> str | None: ...
+    @property
+    def usd_per_hour(self) -> float: ...
+    @property
+    def started_at(self) -> float | None: ...
+    @property
+    def stopped_at(self) -> float | None: ...
+    @property
+    def banked_usd(self) -> float | None: ...
+    @property
+    def rate_since(self) -> float | None: ...
+    @property
+    def simulated(self) -> bool | None: ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +112,7 @@ class JobView:
         return asdict(self)
 
 
-def seconds_per_step(job: Job) -> float | None:
+def seconds_per_step(job: JobRecord) -> float | None:
     """Mean step time between rank 0's first report and its latest one (whatever step the run
     started at, e.g. a resumed run, and however often the script reports)."""
     first = job.first_step if job.first_step is not None else 1
@@ -56,7 +122,7 @@ def seconds_per_step(job: Job) -> float | None:
     return (job.last_report_at - job.first_step_at) / (job.step - first)
 
 
-def job_cost_usd(job: Job, cluster: Cluster, now: float) -> float:
+def job_cost_usd(job: JobRecord, cluster: ClusterRecord, now: float) -> float:
     """What the job cost: its cluster's rate over the job's life, within the cluster's life (a
     cluster idle before or after the job is not the job's cost; `list` shows the cluster's)."""
     if cluster.started_at is None:
@@ -70,14 +136,20 @@ def job_cost_usd(job: Job, cluster: Cluster, now: float) -> float:
 MODEL_STATE_METRICS = ("params_bytes", "grads_bytes", "optimizer_bytes", "cuda_max_allocated_bytes")
 
 
-def layout_of(job: Job) -> str | None:
-    """The job's strategy, mesh and precision in words, from its stored spec."""
-    return _layout_words(job.spec_json, job.world_size)
+LayoutWords = Callable[[str, int], str | None]  # (spec_json, world_size) -> words
+
+
+def layout_of(job: JobRecord, words: LayoutWords | None = None) -> str | None:
+    """The job's strategy, mesh and precision in words, from its stored spec (through `words`
+    when given: a reader that can tell them without validating the spec)."""
+    return (words or _layout_words)(job.spec_json, job.world_size)
 
 
 @functools.lru_cache(maxsize=64)
 def _layout_words(spec_json: str, world_size: int) -> str | None:
     # Cached: the live view asks four times a second, and the answer never changes for a job.
+    from gpufleet.spec import JobSpec  # Pydantic: imported only when a spec is validated
+
     try:
         spec = JobSpec.model_validate(json.loads(spec_json))
         return f"{spec.layout(world_size).describe}, {spec.framework}"
@@ -85,8 +157,9 @@ def _layout_words(spec_json: str, world_size: int) -> str | None:
         return None
 
 
-def job_view(job: Job, cluster: Cluster, now: float,
-             model_state: dict[int, dict[str, float]] | None = None) -> JobView:
+def job_view(job: JobRecord, cluster: ClusterRecord, now: float,
+             model_state: dict[int, dict[str, float]] | None = None,
+             layout_words: LayoutWords | None = None) -> JobView:
     start = job.started_at or job.created_at
     end = job.ended_at or now
     eta = None
@@ -105,7 +178,7 @@ def job_view(job: Job, cluster: Cluster, now: float,
         cost_usd=so_far, projected_cost_usd=projected,
         usd_per_hour=cluster.usd_per_hour,
         price_book="simulated, not billed" if cluster.simulated else cluster.price_book,
-        reason=job.reason, exit_code=job.exit_code, layout=layout_of(job),
+        reason=job.reason, exit_code=job.exit_code, layout=layout_of(job, layout_words),
         started_at=job.started_at, ended_at=job.ended_at,
         model_state=dict(sorted((model_state or {}).items())),
     )
