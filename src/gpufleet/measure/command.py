@@ -26,6 +26,7 @@ from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
 from gpufleet.launch.env import device_env
 from gpufleet.lifecycle import clusters
+from gpufleet.lifecycle.status import JobStatus
 from gpufleet.measure.collectives import DEFAULT_SIZES_CPU, DEFAULT_SIZES_GPU, Row, parse_rows
 from gpufleet.plan import calibration as calib
 from gpufleet.plan import compute, cost
@@ -232,7 +233,7 @@ def scaling(name: str, script: str, workers: list[int], script_args: list[str], 
         if cpu_slots is not None:
             options += ["--cpu-slots", str(cpu_slots)]
         r = _run_once(c.name, script, w, script_args, job_name, options)
-        if r["status"] != "succeeded" or not r["samples_per_s"]:
+        if r["status"] != JobStatus.SUCCEEDED or not r["samples_per_s"]:
             tail = " | ".join(line.strip() for line in r["tail"] if line.strip())
             raise GpufleetError(f"bench: job {job_name} ({w} workers) ended {r['status']} "
                                 f"without a throughput (does the script call train.report?): {tail}")

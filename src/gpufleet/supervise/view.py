@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from gpufleet.lifecycle.status import JOB_ACTIVE
 from gpufleet.plan import cost
 
 
@@ -164,7 +165,7 @@ def job_view(job: JobRecord, cluster: ClusterRecord, now: float,
     end = job.ended_at or now
     eta = None
     sps = seconds_per_step(job)
-    active = job.status in ("starting", "running", "restarting", "resizing")
+    active = job.status in JOB_ACTIVE
     if active and sps is not None and job.total_steps:
         eta = max(0, job.total_steps - (job.step or 0)) * sps
     so_far = job_cost_usd(job, cluster, now)
