@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE
 
@@ -42,9 +43,16 @@ def _marks(n: int) -> str:
     return ",".join("?" * n)
 
 
-def cluster_rows(path: Path, every: bool, now: float) -> list[dict[str, Any]] | None:
-    """`list`'s rows (every cluster, or only running ones), or None when the store must be
-    opened: no state file yet, another schema, an active job, or a running cluster to show."""
+T = TypeVar("T")
+
+
+class Declined(Exception):
+    """A reader met something it cannot vouch for: the store must answer."""
+
+
+def read_only(path: Path, reader: Callable[[sqlite3.Connection], T | None]) -> T | None:
+    """`reader` on the state file opened read-only, or None when the store must answer: no
+    state file yet, a column or table this version does not know, or the reader declined."""
     if not path.is_file():
         return None
     try:
@@ -52,11 +60,17 @@ def cluster_rows(path: Path, every: bool, now: float) -> list[dict[str, Any]] | 
     except sqlite3.Error:
         return None
     try:
-        return _rows(db, every, now)
-    except sqlite3.Error:  # a column or table this version does not know: the store decides
+        return reader(db)
+    except (sqlite3.Error, Declined):
         return None
     finally:
         db.close()
+
+
+def cluster_rows(path: Path, every: bool, now: float) -> list[dict[str, Any]] | None:
+    """`list`'s rows (every cluster, or only running ones), or None when the store must be
+    opened: no state file yet, another schema, an active job, or a running cluster to show."""
+    return read_only(path, lambda db: _rows(db, every, now))
 
 
 def _rows(db: sqlite3.Connection, every: bool, now: float) -> list[dict[str, Any]] | None:

@@ -23,7 +23,7 @@ from typing import Any
 from gpufleet.lifecycle.status import JOB_ACTIVE
 from gpufleet.parallelism import LayoutError, resolve
 from gpufleet.plan import cost
-from gpufleet.snapshot import SCHEMA_VERSION
+from gpufleet.snapshot import SCHEMA_VERSION, Declined, read_only
 from gpufleet.supervise.view import MODEL_STATE_METRICS, job_view
 from gpufleet.telemetry.schema import JOB_RANK
 
@@ -98,10 +98,6 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
-class Declined(Exception):
-    """The store must answer: raised inside the reader, turned into None by `job_detail`."""
-
-
 def layout_words(spec_json: str, world_size: int) -> str | None:
     """`supervise.view._layout_words` without Pydantic, for a spec stored as this version's
     `JobSpec.model_dump_json` writes it: exactly its keys, a cluster named (a cluster spec would
@@ -135,18 +131,7 @@ def layout_words(spec_json: str, world_size: int) -> str | None:
 def job_detail(path: Path, name: str, now: float) -> dict[str, Any] | None:
     """`views.job_detail(store, name, now)` for an ended job, or None when the store must
     answer (see the module's docstring)."""
-    if not path.is_file():
-        return None
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-    except sqlite3.Error:
-        return None
-    try:
-        return _detail(db, name, now)
-    except (sqlite3.Error, Declined):  # a column or table this version does not know, ...
-        return None
-    finally:
-        db.close()
+    return read_only(path, lambda db: _detail(db, name, now))
 
 
 def _select(db: sqlite3.Connection, table: str, where: str, args: list[Any]) -> list[dict[str, Any]]:
