@@ -24,6 +24,10 @@ from fleet_helpers import WORKERS, Fleet, wait_no_leftovers
 
 SURVIVE = str(WORKERS / "survive.py")
 STEPS = 30
+# A test that kills something once step 12 is seen needs the job still running when the kill
+# lands: 18 steps of 0.1 s (1.8 s) were sometimes gone under load before `status` had answered
+# and the process was found; 0.3 s a step leaves 5.4 s, three times that.
+KILL_STEP_SLEEP_S = 0.3
 
 
 def reference(tmp: Path, steps: int = STEPS, workers: int = 2) -> tuple[dict[str, Any], list[float]]:
@@ -87,7 +91,7 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_weights(fleet: Flee
     losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "k9", "-y",
              "--max-restarts", "2", SURVIVE, "--", "--steps", str(STEPS), "--every", "5",
-             "--async-save", "--step-sleep", "0.1", "--slow-until", "1000",
+             "--async-save", "--step-sleep", str(KILL_STEP_SLEEP_S), "--slow-until", "1000",
              "--losses", str(losses), "--out", str(out))
     fleet.wait_for_step("k9", 12)
     os.kill(rank_pid(fleet.home, 1), signal.SIGKILL)  # kill -9 mid-training
@@ -154,7 +158,7 @@ def test_killed_supervisor_leaves_nothing_and_resume_continues(fleet: Fleet,
     ref_weights, _ = reference(tmp_path / "ref")
     losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "orphan", "-y", SURVIVE,
-             "--", "--steps", str(STEPS), "--every", "5", "--step-sleep", "0.1",
+             "--", "--steps", str(STEPS), "--every", "5", "--step-sleep", str(KILL_STEP_SLEEP_S),
              "--slow-until", "1000", "--losses", str(losses), "--out", str(out))
     fleet.wait_for_step("orphan", 12)
     sup = [p for p in psutil.process_iter(["cmdline"])
