@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fleet_helpers import Fleet
+from strategy_runs import DEEPSPEED, FOUR, FOUR_PLANNED, TWO, results
 
 
 @pytest.fixture
@@ -32,3 +34,15 @@ def make_fleet(tmp_path: Path) -> Iterator[Callable[[str, int], Fleet]]:
     yield make
     left = [line for f in made for line in f.cleanup()]
     assert not left, f"processes left behind by the test: {left}"
+
+
+@pytest.fixture(scope="session")
+def two_ranks() -> dict[str, dict[str, Any]]:
+    """Every 2-rank layout of test_strategies.py and test_plan_measured.py, in one launch."""
+    return results(2, TWO + DEEPSPEED)
+
+
+@pytest.fixture(scope="session")
+def four_ranks() -> dict[str, dict[str, Any]]:
+    """Every 4-rank layout of test_strategies.py and test_plan_measured.py, in one launch."""
+    return results(4, FOUR + FOUR_PLANNED)

@@ -58,6 +58,21 @@ def test_list_reads_the_state_file_without_the_store(tmp_path: Path,
         assert _heavy(_modules_after(args, home)) == [], args
 
 
+def test_stop_all_with_nothing_running_answers_without_the_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test's clean-up (and a user's habit) is `stop --all`; when the state file shows
+    nothing running it answers from the file. With an active job it goes through the store."""
+    import sqlite3
+
+    home = tmp_path / "home"
+    job = _bench_home(home, monkeypatch)
+    assert _heavy(_modules_after(["stop", "--all"], home)) == []
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute("UPDATE jobs SET status = 'running', ended_at = NULL, supervisor_pid = NULL")
+    db.close()
+    assert "sqlalchemy" in _modules_after(["stop", "--all"], home), job
+
+
 def test_list_with_no_state_file_yet_goes_through_the_store(tmp_path: Path) -> None:
     """The first command makes the state folder; `list` may be it."""
     assert "sqlalchemy" in _modules_after(["list"], tmp_path / "fresh")

@@ -30,11 +30,6 @@ def workers(home: Path, script: str) -> list[str]:
             if "gpufleet.cli" not in cmd and "torch.distributed.run" not in cmd]
 
 
-def fleet_processes(home: Path) -> list[tuple[int, str]]:
-    return [(int(pid), cmd) for pid, _, cmd in (ln.partition(": ")
-                                                 for ln in wait_no_leftovers(home, timeout=0))]
-
-
 def end(proc: subprocess.Popen[str]) -> None:
     """Let a CLI still running after a failed assertion clean up (SIGTERM), then kill it."""
     if proc.poll() is None:
@@ -164,29 +159,6 @@ def _kill_leftovers(home: Path) -> None:
             psutil.Process(int(line.split(":", 1)[0])).kill()
         except psutil.Error:
             pass
-
-
-def test_killed_supervisor_ends_follow_and_workers(fleet: Fleet) -> None:
-    fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "orphan", "-y", SLEEPER, timeout=30)
-    follower = fleet.popen("logs", "orphan", "-f")
-    try:
-        fleet.wait_for_step("orphan", 2)
-        [sup] = [p for p in fleet_processes(fleet.home) if "gpufleet.supervise.supervisor" in p[1]]
-        psutil.Process(sup[0]).kill()
-        try:
-            follower.communicate(timeout=8)
-            followed_on = False
-        except subprocess.TimeoutExpired:
-            followed_on = True
-        left = workers(fleet.home, SLEEPER)
-    finally:
-        end(follower)
-        _kill_leftovers(fleet.home)
-    assert not followed_on, "logs -f still following 8 s after the supervisor died"
-    assert not left, f"workers outlived their supervisor: {left}"
-    s = fleet.status("orphan")
-    assert s["status"] == "interrupted"
-    assert fleet.clusters() == [], "the job's own cluster is freed"
 
 
 def test_stop_right_after_a_detached_start_is_not_undone(fleet: Fleet) -> None:

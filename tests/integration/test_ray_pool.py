@@ -314,7 +314,7 @@ def test_a_lost_node_fails_the_job_fast_and_a_restart_continues_on_a_replacement
     rfleet.ok("launch", "--gpu", "H100", "--count", "4", "--nodes", "2", "--network",
               "infiniband", "--name", "surv", "-y")
     rfleet.ok("run", "--cluster", "surv", "--name", "surv-job", "--max-restarts", "1", "-d",
-              str(EXAMPLES / "gpt.py"), "--", "--steps", "60", "--checkpoint-every", "10")
+              str(EXAMPLES / "gpt.py"), "--", "--steps", "30", "--checkpoint-every", "5")
     deadline = time.monotonic() + 240
     while not any(e["kind"] == "checkpoint" for e in _events(rfleet, "surv-job")):
         assert time.monotonic() < deadline, _events(rfleet, "surv-job")
@@ -337,7 +337,7 @@ def test_a_lost_node_fails_the_job_fast_and_a_restart_continues_on_a_replacement
         replaced = next(e for e in events if e["kind"] == "node_replaced")
         assert f"node {victim} lost; replaced by node" in replaced["reason"]
         assert "resumed" in kinds and st["status"] == "succeeded", (st, kinds)
-        assert st["step"] == 60
+        assert st["step"] == 30
     finally:
         ray_local.start_node(ray_pool.cfg, index)  # the pool whole again for later tests
         _wait_healthy(rfleet, NODES)

@@ -20,79 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from strategy_runs import DEEPSPEED, FOUR, TWO, assert_losses, key, torchrun
 
-WORKERS = Path(__file__).parent / "workers"
-
-
-def torchrun(nproc: int, script: str, *args: str, timeout: float = 300) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("GPUFLEET_REPORT_ADDR", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         str(nproc), str(WORKERS / script), *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=WORKERS,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return proc.stdout
-
-
-def results(nproc: int, configs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    out = torchrun(nproc, "strategies.py", json.dumps(configs))
-    rows = [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
-    assert len(rows) == len(configs), out
-    return {json.dumps(r["config"], sort_keys=True): r for r in rows}
-
-
-def key(cfg: dict[str, Any]) -> str:
-    return json.dumps(cfg, sort_keys=True)
-
-
-def assert_losses(r: dict[str, Any]) -> None:
-    losses, fp32 = r["losses"], r["fp32"]
-    precision = r["config"].get("precision", "fp32")
-    if precision == "fp32":
-        assert losses == pytest.approx(fp32, rel=1e-4), r["layout"]
-    else:
-        assert losses == pytest.approx(fp32, abs=0.01), r["layout"]
-    if precision == "fp16-mixed":
-        assert losses == pytest.approx(r["same_precision"], abs=1e-3), r["layout"]
-    assert losses[-1] != losses[0], "training did not move"
-
-
-TWO = [
-    {"strategy": "ddp"}, {"strategy": "fsdp"}, {"strategy": "zero1"}, {"strategy": "zero2"},
-    {"strategy": "zero3"}, {"strategy": "tp"}, {"strategy": "pp"},
-    {"strategy": "pp", "schedule": "gpipe", "microbatches": 4},
-    {"strategy": "ddp", "precision": "bf16-mixed"}, {"strategy": "fsdp", "precision": "bf16-mixed"},
-    {"strategy": "tp", "precision": "bf16-mixed"},
-    {"strategy": "ddp", "precision": "fp16-mixed"}, {"strategy": "fsdp", "precision": "fp16-mixed"},
-    {"strategy": "tp", "precision": "fp16-mixed"}, {"strategy": "pp", "precision": "fp16-mixed"},
-]
-FOUR = [
-    {"strategy": "zero3"}, {"strategy": "fsdp", "dp": 2, "tp": 2}, {"strategy": "ddp", "dp": 2, "tp": 2},
-    {"strategy": "ddp", "dp": 1, "tp": 2, "pp": 2}, {"strategy": "ddp", "dp": 2, "pp": 2},
-    {"strategy": "fsdp", "dp": 2, "pp": 2}, {"strategy": "pp", "schedule": "gpipe"}, {"strategy": "tp"},
-]
-
-
-@pytest.fixture(scope="module")
-def two() -> dict[str, dict[str, Any]]:
-    return results(2, TWO)
-
-
-@pytest.fixture(scope="module")
-def four() -> dict[str, dict[str, Any]]:
-    return results(4, FOUR)
+# `two_ranks` and `four_ranks` (conftest.py): one launch each, shared with test_plan_measured.py
 
 
 @pytest.mark.parametrize("cfg", TWO, ids=lambda c: "-".join(f"{v}" for v in c.values()))
-def test_two_ranks_match_one_process(two: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> None:
-    assert_losses(two[key(cfg)])
+def test_two_ranks_match_one_process(two_ranks: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> None:
+    assert_losses(two_ranks[key(cfg)])
 
 
 @pytest.mark.parametrize("cfg", FOUR, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
-def test_four_ranks_match_one_process(four: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> None:
-    assert_losses(four[key(cfg)])
+def test_four_ranks_match_one_process(four_ranks: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> None:
+    assert_losses(four_ranks[key(cfg)])
 
 
 def _share(r: dict[str, Any], what: str) -> list[float]:
@@ -100,15 +40,15 @@ def _share(r: dict[str, Any], what: str) -> list[float]:
     return [s[f"{what}_bytes"] / r["params_total"] for s in r["states"]]
 
 
-def test_ddp_holds_everything_on_every_rank(two: dict[str, dict[str, Any]]) -> None:
-    r = two[key({"strategy": "ddp"})]
+def test_ddp_holds_everything_on_every_rank(two_ranks: dict[str, dict[str, Any]]) -> None:
+    r = two_ranks[key({"strategy": "ddp"})]
     assert _share(r, "params") == [1.0, 1.0]
     assert _share(r, "grads") == [1.0, 1.0]
     assert _share(r, "optimizer") == [2.0, 2.0]  # Adam: two moments per parameter
 
 
-def test_zero1_shards_only_the_optimizer(two: dict[str, dict[str, Any]]) -> None:
-    r = two[key({"strategy": "zero1"})]
+def test_zero1_shards_only_the_optimizer(two_ranks: dict[str, dict[str, Any]]) -> None:
+    r = two_ranks[key({"strategy": "zero1"})]
     assert _share(r, "params") == [1.0, 1.0]
     assert _share(r, "grads") == [1.0, 1.0]
     # ZeroRedundancyOptimizer splits whole parameters, so halves are close, not exact
@@ -117,40 +57,40 @@ def test_zero1_shards_only_the_optimizer(two: dict[str, dict[str, Any]]) -> None
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "zero2", "zero3"])
-def test_fsdp_family_shards_params_grads_and_optimizer(two: dict[str, dict[str, Any]],
+def test_fsdp_family_shards_params_grads_and_optimizer(two_ranks: dict[str, dict[str, Any]],
                                                       strategy: str) -> None:
-    r = two[key({"strategy": strategy})]
+    r = two_ranks[key({"strategy": strategy})]
     for p, g, o in zip(_share(r, "params"), _share(r, "grads"), _share(r, "optimizer"), strict=True):
         assert p == pytest.approx(0.5, rel=0.02)  # FSDP pads a shard to a whole row at most
         assert g == pytest.approx(p)
         assert o == pytest.approx(2 * p)
 
 
-def test_zero3_on_four_ranks_holds_a_quarter(four: dict[str, dict[str, Any]]) -> None:
-    r = four[key({"strategy": "zero3"})]
+def test_zero3_on_four_ranks_holds_a_quarter(four_ranks: dict[str, dict[str, Any]]) -> None:
+    r = four_ranks[key({"strategy": "zero3"})]
     assert all(s == pytest.approx(0.25, rel=0.03) for s in _share(r, "params"))
 
 
-def test_pipeline_stages_split_the_model_exactly(two: dict[str, dict[str, Any]],
-                                                four: dict[str, dict[str, Any]]) -> None:
-    r = two[key({"strategy": "pp"})]
+def test_pipeline_stages_split_the_model_exactly(two_ranks: dict[str, dict[str, Any]],
+                                                four_ranks: dict[str, dict[str, Any]]) -> None:
+    r = two_ranks[key({"strategy": "pp"})]
     assert sum(_share(r, "params")) == pytest.approx(1.0)
     assert all(0.3 < s < 0.7 for s in _share(r, "params"))
-    r4 = four[key({"strategy": "pp", "schedule": "gpipe"})]
+    r4 = four_ranks[key({"strategy": "pp", "schedule": "gpipe"})]
     assert sum(_share(r4, "params")) == pytest.approx(1.0)
 
 
-def test_tensor_parallel_shards_the_blocks_not_the_embeddings(two: dict[str, dict[str, Any]]) -> None:
-    shares = _share(two[key({"strategy": "tp"})], "params")
+def test_tensor_parallel_shards_the_blocks_not_the_embeddings(two_ranks: dict[str, dict[str, Any]]) -> None:
+    shares = _share(two_ranks[key({"strategy": "tp"})], "params")
     # blocks split in two; embeddings, norms and head stay whole on both ranks
     assert all(0.5 < s < 1.0 for s in shares)
     assert shares[0] == shares[1]
 
 
-def test_2d_mesh_shards_over_both_dimensions(four: dict[str, dict[str, Any]]) -> None:
-    tp_only = _share(four[key({"strategy": "tp"})], "params")[0]  # tp=4
-    fsdp_tp = _share(four[key({"strategy": "fsdp", "dp": 2, "tp": 2})], "params")
-    ddp_tp = _share(four[key({"strategy": "ddp", "dp": 2, "tp": 2})], "params")
+def test_2d_mesh_shards_over_both_dimensions(four_ranks: dict[str, dict[str, Any]]) -> None:
+    tp_only = _share(four_ranks[key({"strategy": "tp"})], "params")[0]  # tp=4
+    fsdp_tp = _share(four_ranks[key({"strategy": "fsdp", "dp": 2, "tp": 2})], "params")
+    ddp_tp = _share(four_ranks[key({"strategy": "ddp", "dp": 2, "tp": 2})], "params")
     assert all(f == pytest.approx(d / 2, rel=0.03) for f, d in zip(fsdp_tp, ddp_tp, strict=True))
     assert tp_only < ddp_tp[0]
 
@@ -169,16 +109,11 @@ def test_checkpoint_moves_from_ddp_on_two_to_fsdp_and_pipeline_on_four(tmp_path:
             assert resumed["losses"][step] == pytest.approx(saved["losses"][step], rel=1e-5), layout
 
 
-DEEPSPEED = [{"strategy": s, "framework": "deepspeed"} for s in ("ddp", "zero1", "zero2", "zero3")] + [
-    {"strategy": "zero2", "framework": "deepspeed", "precision": "bf16-mixed"}]
-
-
-def test_deepspeed_zero_stages_match_one_process() -> None:
+def test_deepspeed_zero_stages_match_one_process(two_ranks: dict[str, dict[str, Any]]) -> None:
     """The same script under --framework deepspeed: DeepSpeed's engine with the generated config
     (ZeRO stage from the strategy), the script's own AdamW, clipping handed to the engine."""
-    rows = results(2, DEEPSPEED)
     for cfg in DEEPSPEED:
-        r = rows[key(cfg)]
+        r = two_ranks[key(cfg)]
         assert_losses(r)
         optimizer = _share(r, "optimizer")
         expected = 2.0 if cfg["strategy"] == "ddp" else 1.0  # stages 1-3 split Adam's state in two

@@ -43,6 +43,12 @@ def reference(tmp: Path, steps: int = STEPS, workers: int = 2) -> tuple[dict[str
     return torch.load(out), [r["loss"] for r in read_losses(losses)]
 
 
+@pytest.fixture(scope="module")
+def ref30(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[float]]:
+    """The uninterrupted 30-step, 2-worker run the kill and resume tests compare against."""
+    return reference(tmp_path_factory.mktemp("ref30"))
+
+
 def read_losses(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -85,9 +91,9 @@ def same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_killed_rank_restarts_from_checkpoint_with_identical_weights(fleet: Fleet,
-                                                                     tmp_path: Path) -> None:
-    ref_weights, ref_losses = reference(tmp_path / "ref")
+def test_killed_rank_restarts_from_checkpoint_with_identical_weights(
+        fleet: Fleet, tmp_path: Path, ref30: tuple[dict[str, Any], list[float]]) -> None:
+    ref_weights, ref_losses = ref30
     losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "k9", "-y",
              "--max-restarts", "2", SURVIVE, "--", "--steps", str(STEPS), "--every", "5",
@@ -129,51 +135,56 @@ def test_stopped_rank_is_found_by_hang_timeout_and_the_job_recovers(fleet: Fleet
     assert 2.5 <= found_after < 3 + 4, f"hang found {found_after:.1f}s after SIGSTOP (timeout 3s)"
 
 
-def test_corrupt_newest_checkpoint_is_skipped_on_resume(fleet: Fleet, tmp_path: Path) -> None:
-    ref_weights, _ = reference(tmp_path / "ref")
-    losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
-    args = ("--steps", str(STEPS), "--every", "5", "--losses", str(losses), "--out", str(out))
-    r = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "bad", "-y", SURVIVE, "--",
-              *args, "--die-at", "13", "--die-rank", "0", timeout=120)
-    assert r.returncode == 1, r.stdout + r.stderr
-    folder = fleet.home / "jobs" / "bad" / "checkpoints"
-    newest = sorted(p for p in folder.iterdir() if p.name.startswith("step-"))[-1]
-    assert newest.name == "step-00000010"
-    shard = newest / "__1_0.distcp"
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    shard.write_bytes(data)
-    fleet.ok("run", "--resume", "bad", "-y", timeout=120)
-    s = fleet.status("bad")
-    assert s["status"] == "succeeded" and s["step"] == STEPS
-    skipped = reason_of(s, "checkpoint_skipped")
-    assert "step 10" in skipped and "checksum mismatch" in skipped
-    assert reason_of(s, "resumed") == "from the checkpoint at step 5"
-    assert (folder / "step-00000010.corrupt").is_dir(), "the damaged one is set aside"
-    assert same_weights(torch.load(out), ref_weights)
-
-
-def test_killed_supervisor_leaves_nothing_and_resume_continues(fleet: Fleet,
-                                                               tmp_path: Path) -> None:
-    ref_weights, _ = reference(tmp_path / "ref")
+def test_killed_supervisor_leaves_nothing_and_resume_skips_a_corrupt_checkpoint(
+        fleet: Fleet, tmp_path: Path, ref30: tuple[dict[str, Any], list[float]]) -> None:
+    """kill -9 of a detached job's supervisor: its workers and `logs -f` end, the devices are
+    freed, the job is `interrupted`. Its newest checkpoint is then damaged on disk: `--resume`
+    sets it aside, resumes from the one before and still ends with the uninterrupted weights."""
+    ref_weights, _ = ref30
     losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "orphan", "-y", SURVIVE,
              "--", "--steps", str(STEPS), "--every", "5", "--step-sleep", str(KILL_STEP_SLEEP_S),
              "--slow-until", "1000", "--losses", str(losses), "--out", str(out))
-    fleet.wait_for_step("orphan", 12)
-    sup = [p for p in psutil.process_iter(["cmdline"])
-           if "gpufleet.supervise.supervisor" in " ".join(p.info["cmdline"] or [])
-           and p.environ().get("GPUFLEET_HOME") == str(fleet.home)]
-    assert len(sup) == 1
-    sup[0].kill()
-    assert wait_no_leftovers(fleet.home, timeout=15) == []
+    follower = fleet.popen("logs", "orphan", "-f")
+    try:
+        fleet.wait_for_step("orphan", 12)
+        sup = [p for p in psutil.process_iter(["cmdline"])
+               if "gpufleet.supervise.supervisor" in " ".join(p.info["cmdline"] or [])
+               and p.environ().get("GPUFLEET_HOME") == str(fleet.home)]
+        assert len(sup) == 1
+        sup[0].kill()
+        try:
+            follower.communicate(timeout=8)
+            followed_on = False
+        except subprocess.TimeoutExpired:
+            followed_on = True
+        left = wait_no_leftovers(fleet.home, timeout=15)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    assert not followed_on, "logs -f still following 8 s after the supervisor died"
+    assert left == [], f"outlived their supervisor: {left}"
     s = fleet.status("orphan")
     assert s["status"] == "interrupted"
     assert fleet.clusters() == [], "the job's devices are freed"
+
+    folder = fleet.home / "jobs" / "orphan" / "checkpoints"
+    newest = sorted(p for p in folder.iterdir()
+                    if p.name.startswith("step-") and (p / "manifest.json").is_file())[-1]
+    step = int(newest.name.removeprefix("step-"))
+    assert step >= 10, newest
+    shard = newest / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(data)
     fleet.ok("run", "--resume", "orphan", "-y", timeout=120)
     s = fleet.status("orphan")
     assert s["status"] == "succeeded" and s["step"] == STEPS
-    assert "resumed" in kinds(s)
+    skipped = [e["reason"] for e in s["events"] if e["kind"] == "checkpoint_skipped"]
+    assert any(f"step {step}" in r and "checksum mismatch" in r for r in skipped), skipped
+    assert reason_of(s, "resumed") == f"from the checkpoint at step {step - 5}"
+    assert (folder / f"{newest.name}.corrupt").is_dir(), "the damaged one is set aside"
     assert same_weights(torch.load(out), ref_weights)
     assert fleet.clusters() == []
 

@@ -182,6 +182,16 @@ def exec_(
     raise typer.Exit(_call(name, list(ctx.args), Path.cwd()))
 
 
+def _nothing_running() -> bool:
+    """True when the state file shows no running cluster and no active job: `stop --all` then
+    has nothing to do and answers without opening the store (a second of CPU on a small
+    machine). Anything the quick reader cannot vouch for goes through the store."""
+    from gpufleet.snapshot import cluster_rows as quick_rows
+    from gpufleet.snapshot import state_path
+
+    return quick_rows(state_path(), False, time.time()) == []
+
+
 def _describe(plan: StopPlan) -> list[str]:
     """One line per cluster a stop ends, with the job running on it."""
     lines = []
@@ -201,10 +211,13 @@ def stop(
 
     Asks first on a terminal (not with -y, nor when stdin is not a terminal); --all lists the
     clusters and jobs it stops."""
-    from gpufleet.lifecycle import runs
-
     if not name and not all_:
         raise SpecError([("name", "give a cluster or job name, or --all")])
+    if all_ and not name and _nothing_running():
+        out.print("No running clusters.")
+        return
+    from gpufleet.lifecycle import runs
+
     st = store()
     plan = runs.plan_stop(st, name, every=all_)
     if plan.already_stopped:
