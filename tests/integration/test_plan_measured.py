@@ -44,8 +44,11 @@ def planned(cfg: dict[str, Any], world: int) -> memory.StateBytes:
 def measured(two_ranks: dict[str, dict[str, Any]],
              four_ranks: dict[str, dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
     """The runs test_strategies.py checks (conftest.py): every layout here is one of theirs."""
-    return {2: {k: r for k, r in two_ranks.items() if json.loads(k) in TWO},
+    runs = {2: {k: r for k, r in two_ranks.items() if json.loads(k) in TWO},
             4: {k: r for k, r in four_ranks.items() if json.loads(k) in FOUR}}
+    assert sorted(runs[2]) == sorted(map(key, TWO)) and sorted(runs[4]) == sorted(map(key, FOUR)), \
+        "a layout checked here is missing from strategy_runs.py's launches"
+    return runs
 
 
 def test_the_shape_formula_counts_the_workers_model(measured: dict[int, dict[str, dict[str, Any]]]) -> None:
