@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
+from gpufleet.lifecycle import owners
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, ClusterStatus
 from gpufleet.plan import cost
 from gpufleet.pool.allocate import allocate, free_devices
@@ -132,6 +133,7 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
     name = spec.name or new_name("cluster")
     scratch = gpufleet_home() / "clusters" / name
     now = time.time()
+    owner = owners.me() if for_job else None  # held by this `run` until its supervisor starts
     with store.session() as s:
         alloc = _checked(s, spec, name, nodes, pool)
         network = network_of(spec, alloc, nodes)
@@ -142,7 +144,8 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
             price_book=None if q.simulated else q.book, usd_per_hour=q.usd_per_hour,
             status=ClusterStatus.RUNNING, created_at=now, started_at=now, scratch_dir=str(scratch),
             spec_json=spec.model_dump_json(), for_job=for_job, pool=pool,
-            simulated=q.simulated,
+            simulated=q.simulated, owner_pid=owner.pid if owner else None,
+            owner_started=owner.started if owner else None,
         )
         s.add(cluster)
         s.flush()

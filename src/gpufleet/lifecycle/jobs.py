@@ -7,12 +7,11 @@ import secrets
 import time
 from pathlib import Path
 
-import psutil
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.errors import ConflictError, NotFoundError, SpecError
-from gpufleet.lifecycle import clusters
+from gpufleet.lifecycle import clusters, owners
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, JobStatus
 from gpufleet.spec import JobSpec, check_name
 from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
@@ -66,9 +65,11 @@ def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Jo
         if s.scalar(select(Job).where(Job.name == name)) is not None:
             raise ConflictError(f"name: a job named '{name}' already exists; pick another name")
         _check_cluster_free(s, cluster)
-        job = Job(name=name, cluster_id=cluster.id, status=JobStatus.STARTING,  # pid set by the caller
+        creator = owners.me()  # until the caller records the supervisor's pid
+        job = Job(name=name, cluster_id=cluster.id, status=JobStatus.STARTING,
                   spec_json=spec.model_dump_json(), job_dir=str(job_dir),
-                  world_size=world_size, created_at=time.time(), samples=0)
+                  world_size=world_size, created_at=time.time(), samples=0,
+                  creator_pid=creator.pid, creator_started=creator.started)
         s.add(job)
         s.flush()
         s.add(Event(job_id=job.id, time=job.created_at, kind=JobStatus.STARTING,
@@ -113,15 +114,16 @@ def begin_running(store: Store, job_id: int, cluster_id: int, reason: str) -> bo
 
 def set_supervisor(store: Store, job_id: int, pid: int) -> None:
     """Record the supervisor's pid and start time as soon as it exists, so a job whose
-    supervisor dies at any point, even before it starts workers, is found by `reconcile`."""
-    try:
-        started: float | None = psutil.Process(pid).create_time()
-    except psutil.Error:
-        started = None
+    supervisor dies at any point, even before it starts workers, is found by `reconcile`; the
+    cluster made for the job passes from its creator to it in the same write."""
+    started = owners.started_of(pid)
     with store.session() as s:
         job = s.get(Job, job_id)
         if job is not None:
             job.supervisor_pid, job.supervisor_started = pid, started
+            c = s.get(Cluster, job.cluster_id)
+            if c is not None and c.for_job == job.name:
+                c.owner_pid = c.owner_started = None
 
 
 def add_event(store: Store, job_id: int, kind: str, reason: str, t: float | None = None) -> None:
@@ -143,6 +145,8 @@ def reopen(store: Store, job: Job, cluster: Cluster, world_size: int, reason: st
         row.status, row.cluster_id, row.world_size = JobStatus.STARTING, cluster.id, world_size
         row.ended_at = row.exit_code = row.reason = None
         row.supervisor_pid = row.supervisor_started = None
+        creator = owners.me()
+        row.creator_pid, row.creator_started = creator.pid, creator.started
         row.first_step = row.first_step_at = row.samples_per_s = None
         s.add(Event(job_id=job.id, time=now, kind=JobStatus.STARTING, reason=reason))
     return get(store, job.name)
@@ -184,13 +188,7 @@ def supervisor_alive(job: Job) -> bool:
     """The recorded supervisor process still exists (same pid and same start time)."""
     if job.supervisor_pid is None:
         return False
-    try:
-        p = psutil.Process(job.supervisor_pid)
-        if p.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped by its parent
-            return False
-        return job.supervisor_started is None or abs(p.create_time() - job.supervisor_started) < 1
-    except psutil.Error:
-        return False
+    return owners.alive(owners.Holder(job.supervisor_pid, job.supervisor_started))
 
 
 def _gone_outcome(job: Job) -> tuple[JobStatus, str]:
@@ -204,26 +202,70 @@ def _gone_outcome(job: Job) -> tuple[JobStatus, str]:
 
 def reconcile(store: Store) -> None:
     """Mark jobs whose supervisor died as interrupted and free clusters made only for them
-    (unless the job asked to keep its cluster)."""
+    (unless the job asked to keep its cluster); undo what a `run` that died during start-up
+    left (owners.py): its job record and the cluster it reserved."""
 
     with store.read() as s:
-        stale = [j for j in s.scalars(select(Job).where(Job.status.in_(ACTIVE))).all()
-                 if j.supervisor_pid is not None and not supervisor_alive(j)]
-    for job in stale:
-        if not transition(store, job.id, *_gone_outcome(job)):
-            continue
-        with store.read() as s:
-            c = s.get(Cluster, job.cluster_id)
-        if c is not None and c.for_job == job.name and c.status in clusters.ACTIVE \
-                and not spec_of(job).keep:
-            clusters.stop(store, c.name, reason=f"job {job.name} ended", cluster_id=c.id)
+        active = list(s.scalars(select(Job).where(Job.status.in_(ACTIVE))).all())
+        held = list(s.scalars(select(Cluster).where(Cluster.status.in_(clusters.ACTIVE),
+                                                    Cluster.owner_pid.is_not(None))).all())
+    live = {j.id: supervisor_alive(j) for j in active if j.supervisor_pid is not None}
+    for job in active:
+        if job.id in live and not live[job.id] and transition(store, job.id, *_gone_outcome(job)):
+            free_own_cluster(store, job, keep=spec_of(job).keep)
+    orphans = owners.orphaned(
+        [owners.StartingJob(j.id, j.cluster_id, True, _holder(j.creator_pid, j.creator_started),
+                            _holder(j.supervisor_pid, j.supervisor_started), live.get(j.id, False))
+         for j in active],
+        [owners.HeldCluster(c.id, owners.Holder(c.owner_pid, c.owner_started))
+         for c in held if c.owner_pid is not None], owners.alive)
+    for job in active:
+        if job.id in orphans.jobs and _interrupt_unsupervised(store, job.id, orphans.jobs[job.id]):
+            free_own_cluster(store, job, keep=False)  # it never ran: nothing to keep
+    for cluster_id, why in orphans.clusters.items():
+        with store.session() as s:
+            c = s.get(Cluster, cluster_id)
+            if c is None or c.owner_pid is None or c.status not in clusters.ACTIVE:
+                continue  # handed to a supervisor, or stopped, since we looked
+            c.owner_pid = c.owner_started = None
+        clusters.stop(store, c.name, reason=why, cluster_id=cluster_id)
+
+
+def _holder(pid: int | None, started: float | None) -> owners.Holder | None:
+    return None if pid is None else owners.Holder(pid, started)
+
+
+def _interrupt_unsupervised(store: Store, job_id: int, why: str) -> bool:
+    """starting -> interrupted, only while the job still has no supervisor (compare-and-set:
+    one recorded since we looked is alive and in charge)."""
+    with store.session() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.status != JobStatus.STARTING or job.supervisor_pid is not None:
+            return False
+    return transition(store, job_id, JobStatus.INTERRUPTED, why, expect=(JobStatus.STARTING,))
+
+
+def free_own_cluster(store: Store, job: Job, keep: bool) -> None:
+    """Stop the cluster made for `job` if it is still running (and the job did not ask to keep it)."""
+    with store.read() as s:
+        c = s.get(Cluster, job.cluster_id)
+    if c is not None and c.for_job == job.name and c.status in clusters.ACTIVE and not keep:
+        clusters.stop(store, c.name, reason=f"job {job.name} ended", cluster_id=c.id)
+
+
+def orphaned_start(job: Job) -> bool:
+    """A job that never got a supervisor and whose creator is gone (reconcile undoes it)."""
+    creator = _holder(job.creator_pid, job.creator_started)
+    return (job.status == JobStatus.STARTING and job.supervisor_pid is None
+            and creator is not None and not owners.alive(creator))
 
 
 def refresh(store: Store, name: str) -> Job:
     """The job as it is now: if its supervisor died, that is recorded first (for followers such
     as `logs -f` and `status --watch`, which would otherwise wait forever)."""
     job = get(store, name)
-    if job.status in ACTIVE and job.supervisor_pid is not None and not supervisor_alive(job):
+    if job.status in ACTIVE and ((job.supervisor_pid is not None and not supervisor_alive(job))
+                                 or orphaned_start(job)):
         reconcile(store)
         job = get(store, name)
     return job

@@ -65,8 +65,9 @@ def stop_job(store: Store, job: Job, timeout_s: float = 30.0) -> Job:
     if j.status not in jobs.ACTIVE:
         return j
     if j.supervisor_pid is None:  # created a moment ago: its supervisor sees this and backs off
-        jobs.transition(store, j.id, JobStatus.STOPPED, f"{jobs.STOP_REQUESTED} before it started",
-                        expect=(JobStatus.STARTING,))
+        if jobs.transition(store, j.id, JobStatus.STOPPED,
+                           f"{jobs.STOP_REQUESTED} before it started", expect=(JobStatus.STARTING,)):
+            jobs.free_own_cluster(store, j, keep=False)  # it never ran: nothing to keep
         return jobs.get(store, j.name)
     jobs.mark_stop_requested(store, j.id)
     try:

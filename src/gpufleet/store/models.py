@@ -39,6 +39,10 @@ class Cluster(Base):
     pool: Mapped[str | None] = mapped_column(String(64), nullable=True)  # None: this host
     # devices a pool declared for tests and planning: never billed (usd_per_hour stays 0)
     simulated: Mapped[bool | None] = mapped_column(Boolean, nullable=True, default=False)
+    # the process still setting up a cluster made for a job (lifecycle/owners.py); cleared when
+    # the job's supervisor is recorded, so a `run` killed during start-up frees what it reserved
+    owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    owner_started: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Pool(Base):
@@ -90,6 +94,9 @@ class Job(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     supervisor_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     supervisor_started: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the process that created (or reopened) the record, until a supervisor is recorded
+    creator_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    creator_started: Mapped[float | None] = mapped_column(Float, nullable=True)
     # progress as last reported by rank 0
     step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     total_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
