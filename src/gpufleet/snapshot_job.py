@@ -24,6 +24,7 @@ from gpufleet.lifecycle.status import JOB_ACTIVE
 from gpufleet.parallelism import LayoutError, resolve
 from gpufleet.plan import cost
 from gpufleet.snapshot import SCHEMA_VERSION, Declined, read_only
+from gpufleet.supervise import durable
 from gpufleet.supervise.view import MODEL_STATE_METRICS, job_view
 from gpufleet.telemetry.schema import JOB_RANK
 
@@ -158,12 +159,14 @@ def _detail(db: sqlite3.Connection, name: str, now: float) -> dict[str, Any]:
         raise Declined
     words = layout_words(job.spec_json, job.world_size)
     view = job_view(job, c, now, _model_state(db, job.name), lambda _spec, _n: words)
+    events = [{"time": e["time"], "kind": e["kind"], "reason": e["reason"]}
+              for e in _select(db, "job_events", "job_id = ? ORDER BY id", [job.id])]
     return {
         **view.as_dict(),
         "now": now,
         "cluster_info": _cluster_info(db, c, now),
-        "events": [{"time": e["time"], "kind": e["kind"], "reason": e["reason"]}
-                   for e in _select(db, "job_events", "job_id = ? ORDER BY id", [job.id])],
+        "events": events,
+        "durable_copy": durable.of_rows(events),
         "findings": _findings(db, job.id),
         "latest": _latest(db, job.name),
     }

@@ -126,6 +126,11 @@ def summary_table(v: JobView) -> Table:
     return t
 
 
+def durable_line(copy: dict[str, Any]) -> Text:
+    """`durable copy: step 20 (behind: step 30 failed: No space left on device)`."""
+    return Text(f"durable copy: {copy['text']}", style="bold yellow" if copy["behind"] else "")
+
+
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
@@ -149,6 +154,9 @@ def status_view(detail: dict[str, Any]) -> RenderableType:
     v = JobView(**{k: detail[k] for k in JobView.__dataclass_fields__})
     parts: list[RenderableType] = [
         job_panel(v) if v.status in JOB_ACTIVE else summary_table(v)]
+    copy = detail.get("durable_copy")
+    if copy:  # a copy behind is easy to miss otherwise: training goes on, the job succeeds
+        parts.append(durable_line(copy))
     latest: dict[str, dict[str, float]] = detail.get("latest", {})
     devices = {k: m for k, m in latest.items() if "gpu_utilization" in m
                or "gpu_memory_used_bytes" in m}

@@ -17,6 +17,7 @@ from gpufleet.lifecycle import clusters, jobs
 from gpufleet.plan import cost
 from gpufleet.pool.model import Node
 from gpufleet.store import Cluster, Job, Store
+from gpufleet.supervise import durable
 from gpufleet.supervise.view import JobView, job_view
 from gpufleet.telemetry import records
 
@@ -76,12 +77,14 @@ def job_detail(store: Store, name: str, now: float) -> dict[str, Any]:
     if c is None:
         raise NotFoundError(f"job: '{name}' has no cluster record")
     view = job_view(j, c, now, jobs.model_state(store, j.name))
+    events = [{"time": e.time, "kind": e.kind, "reason": e.reason}
+              for e in jobs.events(store, j.id)]
     return {
         **view.as_dict(),
         "now": now,
         "cluster_info": cluster_dict(store, c, now),
-        "events": [{"time": e.time, "kind": e.kind, "reason": e.reason}
-                   for e in jobs.events(store, j.id)],
+        "events": events,
+        "durable_copy": durable.of_rows(events),
         "findings": records.findings(store, j.id),
         "latest": records.latest(store, j.name),
     }

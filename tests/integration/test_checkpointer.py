@@ -153,3 +153,32 @@ def test_a_corrupt_newer_checkpoint_is_set_aside_so_new_ones_are_kept(tmp_path: 
     assert again.step(3)
     assert [s for s, _ in ckpt_files.complete(tmp_path)] == [3]
     assert (tmp_path / "step-00000004.corrupt").is_dir(), "kept aside for a look"
+
+
+def test_checkpoints_are_owner_only_unless_shared(tmp_path: Path) -> None:
+    """The local folder and the durable copy: 0700 folders, 0600 files (weights are private
+    data, and the durable copy lives outside the private home); `shared=True` leaves the
+    umask's modes, as before."""
+    import stat
+
+    def modes(root: Path) -> set[tuple[str, int]]:
+        out = set()
+        for folder in root.glob("step-*"):
+            out.add(("dir", stat.S_IMODE(folder.stat().st_mode)))
+            out |= {("file", stat.S_IMODE(p.stat().st_mode)) for p in folder.iterdir()}
+        return out
+
+    model, optim = model_and_optim(0)
+    old = os.umask(0o022)
+    try:
+        for shared, want in ((False, {("dir", 0o700), ("file", 0o600)}),
+                             (True, {("dir", 0o755), ("file", 0o644)})):
+            root = tmp_path / str(shared)
+            ckpt = Checkpointer(model, optim, dir=root / "local", durable=str(root / "durable"),
+                                every_steps=1, shared=shared)
+            ckpt.step(1)
+            ckpt.close()
+            assert modes(root / "local") == want, shared
+            assert modes(root / "durable") == want, shared
+    finally:
+        os.umask(old)

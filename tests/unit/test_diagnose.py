@@ -186,6 +186,73 @@ def test_a_closed_connection_after_an_out_of_memory_is_its_echo_not_a_second_cau
     assert one(inp, "memory").severity == "critical"
 
 
+# a 2-rank run whose rank 0 could not write its checkpoint folder while rank 1 waited in the
+# Checkpointer's barrier, as the supervisor's log tail holds it (recorded from a real run;
+# paths shortened): rank 1's closed connection and torchrun's summary are knock-on effects
+PERMISSION_TAIL = (
+    "[rank 0] Traceback (most recent call last):",
+    '[rank 0]   File "/work/job/train.py", line 41, in <module>',
+    "[rank 0]     ckpt.step(step)",
+    '[rank 0]   File "/gpufleet/train/checkpointer.py", line 308, in save',
+    "[rank 0]     ckpt_modes.make_dir(partial, self.private)",
+    "[rank 0] PermissionError: [Errno 13] Permission denied: '/ckpt/step-00000005.partial'",
+    "[rank 1] Traceback (most recent call last):",
+    '[rank 1]   File "/work/job/train.py", line 41, in <module>',
+    "[rank 1]     dist.barrier(group=g)",
+    '[rank 1]   File "torch/distributed/distributed_c10d.py", line 5356, in barrier',
+    "[rank 1]     work.wait()",
+    "[rank 1] RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]"
+    " Connection closed by peer [127.0.0.1]:57057. This is typically caused by a remote worker"
+    " crashing. Check the logs of the remote worker before reporting an error.",
+    "W1201 18:37:13.849000 1836 torch/distributed/elastic/multiprocessing/api.py:1028] Sending"
+    " process 1899 closing signal SIGTERM",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "  exitcode  : 1 (pid: 1898)",
+)
+
+
+def test_a_rank_that_raised_is_the_cause_and_the_others_closed_connections_are_not_blamed() -> None:
+    for status in ("running", "failed"):
+        inp = replace(JOB, status=status, log_tail=PERMISSION_TAIL)
+        assert found(inp, "comm_timeout") == [], "no 'check the interconnect' for an echo"
+        f = one(inp, "worker_error")
+        assert (f.severity, f.title) == ("critical", "Rank 0 raised PermissionError")
+        assert "Permission denied: '/ckpt/step-00000005.partial'" in f.detail
+        assert "rank 1" in f.detail and "not an interconnect problem" in f.detail
+        assert "writable" in f.fix and "--rank 0" in f.fix
+
+
+def test_the_lowest_rank_with_its_own_error_is_named_whatever_the_order_of_the_tail() -> None:
+    tail = ("[rank 3] Traceback (most recent call last):", "[rank 3] ValueError: bad shape",
+            "[rank 1] Traceback (most recent call last):", "[rank 1] KeyError: 'input_ids'",
+            "[rank 0] Traceback (most recent call last):",
+            "[rank 0] torch.distributed.DistBackendError: NCCL communicator was aborted")
+    f = one(replace(JOB, status="failed", log_tail=tail), "worker_error")
+    assert f.title == "Rank 1 raised KeyError" and "rank 0" in f.detail
+
+
+def test_a_real_collective_timeout_on_every_rank_is_still_a_communication_finding() -> None:
+    tail = ("[rank 0] Traceback (most recent call last):",
+            "[rank 0] RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting"
+            " 3000ms for recv operation to complete",
+            "[rank 1] Traceback (most recent call last):",
+            "[rank 1] torch.distributed.elastic.multiprocessing.api.SignalException: Process 12"
+            " got signal: 15")
+    inp = replace(JOB, status="failed", log_tail=tail)
+    assert found(inp, "worker_error") == []
+    assert one(inp, "comm_timeout").severity == "critical"
+
+
+@pytest.mark.parametrize("tail", [
+    ("ValueError: printed, never raised",),  # no traceback: a message, not a crash
+    ("[rank 0] Traceback (most recent call last):",
+     "[rank 0] RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8"
+     " bytes."),  # the memory rule's
+])
+def test_no_worker_error_without_a_traceback_or_for_out_of_memory(tail: tuple[str, ...]) -> None:
+    assert found(replace(JOB, status="failed", log_tail=tail), "worker_error") == []
+
+
 # --- 5. stragglers ---------------------------------------------------------------------------
 
 def straggling(last_comm_s: float, step_s: float = 0.2, n: int = 10) -> Inputs:

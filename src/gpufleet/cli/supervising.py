@@ -68,7 +68,8 @@ def _foreground(st: Store, job: Job, cluster: Cluster,
     from rich.live import Live
 
     from gpufleet import ui
-    from gpufleet.lifecycle import runs
+    from gpufleet.lifecycle import jobs, runs
+    from gpufleet.supervise import durable
 
     last_line = [0.0]
 
@@ -94,6 +95,9 @@ def _foreground(st: Store, job: Job, cluster: Cluster,
                                          on_line=on_line)
     try:
         out.print(ui.summary_table(sup.view()))
+        copy = durable.state((e.kind, e.reason) for e in jobs.events(st, final.id))
+        if copy is not None:
+            out.print(ui.durable_line(copy.as_dict()))
         out.print(f"Logs: gpufleet logs {final.name}   (per rank: {final.job_dir}/logs)")
     except BrokenPipeError:  # `gpufleet run ... | head`: the job's outcome still sets the exit code
         silence_stdout()

@@ -20,7 +20,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.launch.torchrun import JobContext, merge_env
 from gpufleet.lifecycle import clusters, jobs
 from gpufleet.store import Job
-from gpufleet.supervise import elastic, outcome
+from gpufleet.supervise import durable, elastic, outcome
 from gpufleet.supervise import events as ev
 from gpufleet.supervise.logs import LogSink
 
@@ -189,6 +189,10 @@ class Effects:
             else None
         tail = None if sink is None else outcome.Tail(*_tail(sink))
         status, reason = outcome.final(state.ending, asked, jobs.STOP_REQUESTED, tail)
+        copy = durable.state((e.kind, e.reason) for e in jobs.events(sup.store, sup.job.id))
+        if copy is not None and copy.behind:  # the last word of the history, next to the status
+            jobs.add_event(sup.store, sup.job.id, durable.CopyEvent.BEHIND,
+                           f"the job ended with the durable copy at {copy.text}")
         jobs.transition(sup.store, sup.job.id, status, reason, fields=fields)  # unless final
         sup.job = jobs.get(sup.store, sup.job.name)
         if sup.cluster.for_job == sup.job.name and not sup.spec.keep:

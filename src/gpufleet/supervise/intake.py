@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from gpufleet.store import Cluster, Job, Metric, Store
+from gpufleet.supervise import durable
 from gpufleet.supervise.events import Event, RecordEvent, Reported, WorkerNote
 from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.view import MODEL_STATE_METRICS
@@ -44,10 +45,10 @@ def note_of(rec: dict[str, Any]) -> tuple[WorkerNote, RecordEvent | None]:
         mode = "async" if rec.get("async_save") else "sync"
         return note, RecordEvent("checkpoint", f"step {step} saved ({size / 1e6:.1f} MB, {mode}; "
                                  f"training blocked {blocked:.3f} s)")
-    if kind == "checkpoint_copied":
-        return note, RecordEvent(kind, f"step {step} copied to {str(rec.get('path'))[:300]}")
-    if kind in ("checkpoint_skipped", "checkpoint_copy_failed"):
-        return note, RecordEvent(kind, f"step {step}: {str(rec.get('why'))[:300]}")
+    if kind == durable.CopyEvent.COPIED:
+        return note, RecordEvent(kind, durable.copied_text(step, str(rec.get("path"))[:300]))
+    if kind in ("checkpoint_skipped", durable.CopyEvent.FAILED):
+        return note, RecordEvent(kind, durable.failed_text(step, str(rec.get("why"))[:300]))
     if kind == "resumed":
         return note, RecordEvent("resumed", f"from the checkpoint at step {step}")
     return note, None

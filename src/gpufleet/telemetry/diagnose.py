@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpufleet.telemetry.findings import Finding, Inputs, Rule, Series, Severity, Thresholds
-from gpufleet.telemetry.rules_faults import comm_timeout, memory, precision
+from gpufleet.telemetry.rules_faults import comm_timeout, memory, precision, worker_error
 from gpufleet.telemetry.rules_speed import data_loading, scaling, stalled, straggler
 
 __all__ = ["Finding", "Inputs", "Series", "Severity", "Thresholds", "diagnose"]
 
-RULES: tuple[Rule, ...] = (data_loading, memory, scaling, comm_timeout, straggler, stalled,
-                           precision)
+RULES: tuple[Rule, ...] = (data_loading, memory, scaling, comm_timeout, worker_error, straggler,
+                           stalled, precision)
 
 _ORDER: dict[Severity, int] = {"critical": 0, "warning": 1, "info": 2}
 

@@ -55,7 +55,8 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Finding:
-    rule: str  # data_loading, memory, scaling, comm_timeout, straggler, stalled, precision
+    rule: str  # data_loading, memory, scaling, comm_timeout, worker_error, straggler, stalled,
+    # precision
     severity: Severity
     title: str  # one line: what is wrong
     detail: str  # the evidence, with the numbers

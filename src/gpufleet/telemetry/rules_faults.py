@@ -1,4 +1,5 @@
-"""The rules about faults: memory running out, collectives timing out, precision problems.
+"""The rules about faults: memory running out, collectives timing out, a rank's own error,
+precision problems.
 They read the workers' output as well as telemetry, so they also explain a job that failed."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import re
 
 from gpufleet.telemetry.findings import Finding, Inputs, Thresholds
 from gpufleet.telemetry.readings import dur, enough, gib, in_window, pct, plural, quote, running
+from gpufleet.telemetry.tracebacks import first_error, is_echo, raised
 
 # --- 2. memory -------------------------------------------------------------------------------
 
@@ -92,6 +94,8 @@ _C10D = re.compile(r"gloo|c10d|ProcessGroup|torch\.distributed", re.IGNORECASE)
 
 
 def comm_timeout(inp: Inputs, th: Thresholds) -> list[Finding]:
+    if first_error(inp.log_tail) is not None:
+        return []  # a rank raised first: the others' timeouts and closed connections echo it
     hits = [line for line in inp.log_tail if _COLLECTIVE_FAILED.search(line)]
     if not hits:
         # A closed connection alone is how the other ranks see a peer die; when that peer ran
@@ -109,6 +113,39 @@ def comm_timeout(inp: Inputs, th: Thresholds) -> list[Finding]:
             " fails; look for a rank that died or is stuck (a straggler); check NCCL_SOCKET_IFNAME;"
             " raise the process-group timeout if the slow step is legitimate.",
     )]
+
+
+# --- 4b. a rank's own error ------------------------------------------------------------------
+
+_ERROR_FIX = {
+    "PermissionError": "Check that the path it names is writable by the user the job runs as "
+                       "(a checkpoint folder: the Checkpointer's dir, or --checkpoint-to).",
+    "FileNotFoundError": "Check the path it names; a relative path is relative to the job's "
+                         "workdir.",
+    "ModuleNotFoundError": "Install the module where the workers run (the same Python).",
+}
+
+
+def worker_error(inp: Inputs, th: Thresholds) -> list[Finding]:
+    """The traceback that ended a rank, named as the cause (an out-of-memory error is the
+    memory rule's); the other ranks' communication errors after it are its echo."""
+    if any(_OOM.search(line) for line in inp.log_tail):
+        return []
+    err = first_error(inp.log_tail)
+    if err is None:
+        return []
+    where = "A worker" if err.rank is None else f"Rank {err.rank}"
+    echoed = sorted({e.rank for e in raised(inp.log_tail) if e.rank not in (None, err.rank)
+                     and is_echo(e.kind, e.line)}, key=lambda r: r or 0)
+    detail = f"{where} raised {quote(err.line)}."
+    if echoed:
+        detail += (f" The errors of {', '.join(f'rank {r}' for r in echoed)} (a peer gone in the"
+                   " middle of a collective) followed from it: not an interconnect problem.")
+    logs = "`gpufleet logs JOB`" + ("" if err.rank is None else f" --rank {err.rank}")
+    return [Finding(
+        rule="worker_error", severity="critical", title=f"{where} raised {err.kind}",
+        detail=detail, fix=_ERROR_FIX.get(err.kind, "Fix the cause in the script or its "
+                                          "environment.") + f" The whole traceback: {logs}.")]
 
 
 # --- 7. precision ----------------------------------------------------------------------------

@@ -13,7 +13,8 @@ global samples, the step, each rank's RNG states and any `extra` objects with
 `state_dict()`. Where: a fast local folder first (`$GPUFLEET_CHECKPOINT_DIR`, the job's folder
 under gpufleet), copied in the background to a durable folder or fsspec URL when one is given.
 How: sync or `async_save` (training waits only while the state is copied to CPU memory), with
-at most `writers` ranks of a node writing at once, atomically (see ckpt_files).
+at most `writers` ranks of a node writing at once, atomically (see ckpt_files); owner-only
+unless `shared=True` (ckpt_modes); the durable copy and its failures: ckpt_copy.
 
 Under gpufleet's supervisor the Checkpointer also listens for its requests: "save now" and
 "save, then exit" (before an elastic resize). Rank 0 reads the request and broadcasts it over
@@ -26,11 +27,9 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import queue
 import random
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -43,14 +42,15 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from gpufleet.train import ckpt_files as files
+from gpufleet.train import ckpt_modes
 from gpufleet.train.checkpoint import apply_model_state, engine_of, inner_optimizer, model_state
+from gpufleet.train.ckpt_copy import TURN_TIMEOUT_S, DurableCopier
 from gpufleet.train.parallel import record_of
 from gpufleet.train.report import send_event
 
 CONTROL_ENV = "GPUFLEET_CONTROL_FILE"
 DIR_ENV = "GPUFLEET_CHECKPOINT_DIR"
 DURABLE_ENV = "GPUFLEET_CHECKPOINT_TO"
-_TURN_TIMEOUT_S = 600.0
 
 
 def _env_int(name: str, default: int) -> int:
@@ -70,7 +70,7 @@ class _TurnWriter(dcp.FileSystemWriter):  # type: ignore[misc]
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         files.wait_for(self.folder, files.wave_before(self.local_rank, self.writers),
-                       _TURN_TIMEOUT_S)
+                       TURN_TIMEOUT_S)
         future = super().write_data(plan, planner)
         results = future.wait()
         files.write_sums(self.folder, self.rank, {r.storage_data.relative_path for r in results})
@@ -117,7 +117,7 @@ class Checkpointer:
                  dir: str | os.PathLike[str] | None = None, durable: str | None = None,
                  every_steps: int | None = None, every_minutes: float | None = None,
                  async_save: bool = False, keep: int = 3, writers: int | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 shared: bool | None = None, log: Callable[[str], None] | None = None) -> None:
         if engine_of(model) is not None:
             raise ValueError("Checkpointer: a DeepSpeed engine keeps its own checkpoint format; "
                              "use train.save_checkpoint / train.load_checkpoint under deepspeed")
@@ -140,6 +140,8 @@ class Checkpointer:
             every_minutes = 10.0
         self.every_steps, self.every_minutes = every_steps, every_minutes
         self.async_save, self.keep = async_save, keep
+        # owner-only folders and files unless shared (ckpt_modes); ValueError for a bad env value
+        self.private = not ckpt_modes.shared_from(shared, os.environ)
         self.rank, self.world, self.local_rank, self.local_world, self.node = _dist()
         self.writers = max(1, writers or self.local_world)
         self.control = os.environ.get(CONTROL_ENV) or None
@@ -156,9 +158,10 @@ class Checkpointer:
             self.save_group = dist.new_group(backend="gloo")
         self._last_save_t = time.monotonic()
         self._pending: tuple[Future[Any], int, Path, float] | None = None
-        self._uploads: queue.Queue[tuple[Path, int]] = queue.Queue()
-        self._uploader: threading.Thread | None = None
-        self._uploading: set[Path] = set()  # local folders queued or being copied
+        self.copier = DurableCopier(self.durable, rank=self.rank, world=self.world,
+                                    local_world=self.local_world, node=self.node, keep=keep,
+                                    private=self.private, log=self._log) \
+            if self.durable and self.local_rank == 0 else None
         self.last_saved: int | None = None
         self.blocked_s: list[float] = []  # time training waited, per save (for benchmarks)
         send_event("checkpointer", dir=str(self.dir), every_steps=every_steps,
@@ -223,7 +226,7 @@ class Checkpointer:
         if self.local_rank == 0 and not final.is_dir():
             try:
                 shutil.rmtree(folder, ignore_errors=True)
-                files.fetch(self.durable, name, folder)
+                files.fetch(self.durable, name, folder, self.private)
                 folder.rename(final)
             except Exception as exc:  # the next candidate may do; say why this one did not
                 failure = files.Verdict(False, f"download failed: {type(exc).__name__}: {exc}")
@@ -305,7 +308,7 @@ class Checkpointer:
         partial = self.dir / (files.folder_name(step) + files.PARTIAL)
         if self.local_rank == 0:
             shutil.rmtree(partial, ignore_errors=True)  # left by a crash at this same step
-            partial.mkdir(parents=True, exist_ok=True)
+            ckpt_modes.make_dir(partial, self.private)
         self._barrier()
         state = model_state(self.model, self.optimizer)
         state["trainer"] = pickle.dumps(self._trainer_state(step))
@@ -354,78 +357,27 @@ class Checkpointer:
         ranks' results): make the checkpoint visible, prune, start the durable copy."""
         final = partial.with_name(partial.name.removesuffix(files.PARTIAL))
         self.last_saved = step
+        if self.local_rank == 0:  # every rank of the node wrote: no file is added after this
+            if self.rank == 0:
+                files.write_manifest(partial, step, self.world, {"async": self.async_save})
+            ckpt_modes.restrict(partial, self.private)
         if self.rank == 0:
-            files.write_manifest(partial, step, self.world, {"async": self.async_save})
             shutil.rmtree(final, ignore_errors=True)
             partial.rename(final)
             size = sum(p.stat().st_size for p in final.iterdir() if p.is_file())
             send_event("checkpoint", step=step, path=str(final), bytes=size,
                        blocked_s=round(blocked, 4), async_save=self.async_save)
-        source = final if self.rank == 0 else partial
-        if self.durable and self.local_rank == 0:
-            self._uploading.add(source)
-            self._uploads.put((source, step))
-            if self._uploader is None:
-                self._uploader = threading.Thread(target=self._upload_loop, daemon=True,
-                                                  name="gpufleet-checkpoint-copy")
-                self._uploader.start()
+        if self.copier is not None:
+            self.copier.submit(final if self.rank == 0 else partial, step)
         if self.local_rank == 0:  # on another node its shards stay here, under the partial name
-            files.prune(self.dir, self.keep, protect=set(self._uploading))
-
-    def _upload_loop(self) -> None:
-        """Copies run one at a time, oldest first, so two never prune each other's folders."""
-        while True:
-            source, step = self._uploads.get()
-            try:
-                self._upload(source, step)
-            finally:
-                self._uploading.discard(source)
-                self._uploads.task_done()
-
-    def _upload(self, source: Path, step: int) -> None:
-        """Copy this node's files to the durable location, one node at a time; rank 0 copies
-        the manifest last, once every node's turn marker is there."""
-        assert self.durable is not None
-        name = files.folder_name(step)
-        try:
-            if files.is_url(self.durable):
-                self._upload_url(source, name)
-            else:
-                self._upload_folder(source, Path(self.durable), name)
-        except Exception as exc:  # the local checkpoint stands; say why the copy did not
-            self._log(f"copy of {name} to {self.durable} failed: {type(exc).__name__}: {exc}")
-            send_event("checkpoint_copy_failed", step=step, why=f"{type(exc).__name__}: {exc}")
-            return
-        if self.rank == 0:
-            send_event("checkpoint_copied", step=step, path=f"{self.durable.rstrip('/')}/{name}")
-
-    def _upload_folder(self, source: Path, root: Path, name: str) -> None:
-        dest = root / (name + files.PARTIAL)
-        nodes = max(1, self.world // self.local_world)
-        files.wait_for(dest, files.wave_before(self.node, 1), _TURN_TIMEOUT_S)
-        files.copy_out(source, str(dest), files.payload(source))
-        files.done_turn(dest, self.node)
-        if self.rank == 0:
-            files.wait_for(dest, range(nodes), _TURN_TIMEOUT_S)  # every node copied
-            files.copy_out(source, str(dest), [files.MANIFEST])
-            for marker in dest.glob(".turn-*"):
-                marker.unlink(missing_ok=True)
-            shutil.rmtree(root / name, ignore_errors=True)
-            dest.rename(root / name)
-            files.prune(root, self.keep)
-
-    def _upload_url(self, source: Path, name: str) -> None:
-        assert self.durable is not None
-        url = f"{self.durable.rstrip('/')}/{name}"
-        files.copy_out(source, url, files.payload(source))
-        if self.rank == 0:
-            files.copy_out(source, url, [files.MANIFEST])
-            files.remote_prune(self.durable, self.keep)
+            files.prune(self.dir, self.keep,
+                        protect=set(self.copier.busy) if self.copier is not None else None)
 
     def wait(self) -> None:
         """Finish the save in flight and the copies to durable storage (collective)."""
         self._finish_pending()
-        self._uploads.join()
+        if self.copier is not None:
+            self.copier.join()
 
     def close(self) -> None:
         """Wait for everything in flight; call once at the end of training (collective)."""

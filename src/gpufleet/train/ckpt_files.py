@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufleet.train import ckpt_modes
+
 MANIFEST = "manifest.json"
 PARTIAL = ".partial"
 _NAME = re.compile(r"step-(\d{8,})")
@@ -192,8 +194,9 @@ def done_turn(folder: Path, index: int) -> None:
 
 # --- durable copies ---------------------------------------------------------------------------
 
-def copy_out(src: Path, dest: str, names: Iterable[str]) -> None:
-    """Copy `names` from the checkpoint folder `src` to the location `dest` (a folder or URL)."""
+def copy_out(src: Path, dest: str, names: Iterable[str], private: bool = True) -> None:
+    """Copy `names` from the checkpoint folder `src` to the location `dest` (a folder, made
+    owner-only when `private` (see ckpt_modes), or a URL, whose store decides)."""
     if is_url(dest):
         import fsspec
 
@@ -203,9 +206,9 @@ def copy_out(src: Path, dest: str, names: Iterable[str]) -> None:
             fs.put_file(str(src / name), f"{path}/{name}")
         return
     out = Path(dest)
-    out.mkdir(parents=True, exist_ok=True)
+    ckpt_modes.make_dir(out, private)
     for name in names:
-        shutil.copyfile(src / name, out / name)
+        ckpt_modes.copy_file(src / name, out / name, private)
 
 
 def remote_complete(location: str) -> list[tuple[int, str]]:
@@ -226,16 +229,17 @@ def remote_complete(location: str) -> list[tuple[int, str]]:
     return sorted(found, reverse=True)
 
 
-def fetch(location: str, name: str, dest: Path) -> None:
+def fetch(location: str, name: str, dest: Path, private: bool = True) -> None:
     """Copy the checkpoint `name` under an fsspec URL into the local folder `dest`."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(location)
     src = f"{root.rstrip('/')}/{name}"
-    dest.mkdir(parents=True, exist_ok=True)
+    ckpt_modes.make_dir(dest, private)
     for entry in fs.ls(src, detail=False):
         leaf = str(entry).rstrip("/").rsplit("/", 1)[-1]
         fs.get_file(f"{src}/{leaf}", str(dest / leaf))
+    ckpt_modes.restrict(dest, private)
 
 
 def remote_prune(location: str, keep: int) -> None:
