@@ -222,6 +222,14 @@ def test_a_rank_that_raised_is_the_cause_and_the_others_closed_connections_are_n
         assert "writable" in f.fix and "--rank 0" in f.fix
 
 
+def test_a_handled_traceback_in_a_job_still_running_is_not_a_worker_error() -> None:
+    """logging.exception in a healthy loop prints a traceback; no worker ended, nothing is wrong."""
+    tail = ("step 10", "Traceback (most recent call last):", '  File "train.py", line 3, in <module>',
+            "ValueError: bad batch, skipped", "step 11")
+    assert found(replace(JOB, status="running", log_tail=tail), "worker_error") == []
+    assert found(replace(JOB, status="failed", log_tail=tail), "worker_error") != []
+
+
 def test_the_lowest_rank_with_its_own_error_is_named_whatever_the_order_of_the_tail() -> None:
     tail = ("[rank 3] Traceback (most recent call last):", "[rank 3] ValueError: bad shape",
             "[rank 1] Traceback (most recent call last):", "[rank 1] KeyError: 'input_ids'",

@@ -126,11 +126,18 @@ _ERROR_FIX = {
 }
 
 
+_ENDING = ("failed", "restarting", "interrupted")
+# torchrun's words once a worker has exited: the job is failing even if still 'running'
+_RANK_ENDED = re.compile(r"ChildFailedError|^\s*exitcode\s*:|closing signal SIG")
+
+
 def worker_error(inp: Inputs, th: Thresholds) -> list[Finding]:
     """The traceback that ended a rank, named as the cause (an out-of-memory error is the
     memory rule's); the other ranks' communication errors after it are its echo."""
     if any(_OOM.search(line) for line in inp.log_tail):
         return []
+    if inp.status not in _ENDING and not any(_RANK_ENDED.search(ln) for ln in inp.log_tail):
+        return []  # a running job that printed a traceback it handled (logging.exception)
     err = first_error(inp.log_tail)
     if err is None:
         return []
