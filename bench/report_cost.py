@@ -1,8 +1,9 @@
 """What one `gpufleet.train.report()` call costs the training loop, against a loop without it.
 
 Binds a UDP socket like the supervisor's (nobody reads it, the worst case: the kernel buffer fills
-and datagrams are dropped), points GPUFLEET_REPORT_ADDR at it, and times N calls with the
-arguments examples/gpt.py passes. Prints microseconds per call (median of --reps runs).
+and datagrams are dropped), points GPUFLEET_REPORT_ADDR at it with a report key set (so each call
+signs its datagram, as under a supervisor), and times N calls with the arguments examples/gpt.py
+passes. Prints microseconds per call (median of --reps runs).
 
     .venv/bin/python bench/report_cost.py [--calls 100000] [--reps 5]
 """
@@ -24,6 +25,9 @@ def main() -> None:
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sink.bind(("127.0.0.1", 0))
     os.environ["GPUFLEET_REPORT_ADDR"] = f"127.0.0.1:{sink.getsockname()[1]}"
+    from gpufleet.reportauth import KEY_ENV, new_key
+
+    os.environ[KEY_ENV] = new_key()  # without one, report() sends nothing
     from gpufleet import train
 
     per_call = []

@@ -155,3 +155,32 @@ def test_workers_that_go_quiet_are_ended_as_hung(store: Store) -> None:
     assert job.reason.startswith("no rank reported for 1 s (hang timeout 1 s)")
     assert job.reason.endswith("(restarts are off: --max-restarts 0)")
     assert [k for k, _ in events] == ["starting", "running", "hang", "failed"]
+
+
+def test_datagrams_without_the_jobs_signature_change_nothing_and_are_told_once(
+        store: Store) -> None:
+    """The adversarial trial through the real loop: a stranger's bare exit_for_resize to a
+    non-elastic job (it used to train a second time), fake progress and a fake checkpoint."""
+    forged = [Send({"rank": 0, "event": "exit_for_resize", "step": 2}, signed=False),
+              Send({"rank": 0, "event": "checkpoint", "step": 10**9, "bytes": 1}, signed=False),
+              *(Send({"t": time.time(), "rank": r, "step": 10**9, "pid": 1}, signed=False)
+                for r in (0, 1) for _ in range(20))]
+
+    def handler(run: FakeRun) -> Iterator[WorkerEvent]:
+        yield from _reports(2)
+        yield from forged
+        yield Pause(0.3)
+        yield Exit(0)
+
+    backend = FakeBackend(handler)
+    job, events, _ = _run(store, backend)
+    assert job.status == JobStatus.SUCCEEDED and len(backend.starts) == 1
+    assert job.step == 2
+    kinds = [k for k, _ in events]
+    assert [k for k in kinds if k != "reports_rejected"] == ["starting", "running", "succeeded"]
+    told = [text for k, text in events if k == "reports_rejected"]
+    # the first drop is told at once; a burst split over two reads of the socket is told in
+    # full at the end: one or two events, never one per datagram
+    assert 1 <= len(told) <= 2
+    assert f"({len(forged)} so far: {len(forged)} unsigned)" in told[-1]
+    assert "GPUFLEET_REPORT_KEY" not in (Path(job.job_dir) / "command.json").read_text()

@@ -23,6 +23,7 @@ from gpufleet.backends.base import Backend, Handle, Prepared, RunRequest
 from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
 from gpufleet.pool.model import Device, Node
+from gpufleet.reportauth import Signer, signer_from_env
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,11 @@ class Line:
 @dataclass(frozen=True)
 class Send:
     """A datagram to the supervisor: a report ({"t", "rank", "step", ...}) or a note
-    ({"event": "checkpoint", "rank", "step"})."""
+    ({"event": "checkpoint", "rank", "step"}), signed with the run's key as a worker signs it;
+    `signed=False` sends it bare, as a stranger on the machine would."""
 
     record: dict[str, Any]
+    signed: bool = True
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,9 @@ _pids = itertools.count(4_000_000)  # above any real pid, so no one signals a re
 class FakeHandle:
     """A run being played: `stdout` is a real pipe, so the supervisor reads it as usual."""
 
-    def __init__(self, run: FakeRun, events: Iterable[WorkerEvent], report_addr: str):
-        self.run = run
+    def __init__(self, run: FakeRun, events: Iterable[WorkerEvent], report_addr: str,
+                 signer: Signer | None = None):
+        self.run, self.signer = run, signer
         self._pid = next(_pids)
         read_fd, self._write_fd = os.pipe()
         self._stdout = os.fdopen(read_fd, "rb")
@@ -117,7 +121,10 @@ class FakeHandle:
                     if isinstance(event, Line):
                         os.write(self._write_fd, (event.text.rstrip("\n") + "\n").encode())
                     elif isinstance(event, Send):
-                        sock.sendto(json.dumps(event.record).encode(), self._addr)
+                        data = json.dumps(event.record).encode()
+                        if event.signed and self.signer is not None:
+                            data = self.signer.seal(data)
+                        sock.sendto(data, self._addr)
                     elif isinstance(event, Pause):
                         self._ended.wait(event.seconds)
                     else:
@@ -166,7 +173,8 @@ class FakeBackend:
     def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
         run = FakeRun(len(self.starts) + 1, argv, env, cwd, int(env.get("GPUFLEET_WORKERS", 1)))
         self.starts.append(run)
-        return FakeHandle(run, self.handler(run), env["GPUFLEET_REPORT_ADDR"])
+        return FakeHandle(run, self.handler(run), env["GPUFLEET_REPORT_ADDR"],
+                          signer_from_env(env))
 
     def poll(self, handle: Handle) -> int | None:
         return handle.poll()

@@ -15,7 +15,9 @@ takes them), and each agent runs that node's torchrun. The driver:
 Actors belong to this driver: if the driver dies, however it dies, Ray ends them, and each agent's
 torchrun gets SIGTERM when its agent dies (parent-death signal), so no worker outlives the job.
 The agents also sample their node's devices once a second and send the samples to the
-supervisor's report address, as workers send their reports.
+supervisor's report address, as workers send their reports, signed with the job's key: the
+driver has it in its environment ($GPUFLEET_REPORT_KEY) and hands it to each agent with the
+node's environment, never in the plan file.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 
 from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.backends.local import term_on_parent_death
+from gpufleet.reportauth import KEY_ENV, Signer, signer_from_env
 
 PLACE_FAILED_EXIT = 70
 READY_TIMEOUT_S = 60.0
@@ -51,6 +54,7 @@ class NodeAgent:
         self.lines: deque[str] = deque(maxlen=100_000)
         self.reader: threading.Thread | None = None
         self.stopping = threading.Event()
+        self.signer: Signer | None = None
 
     def ready(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": socket.gethostname()}
@@ -59,6 +63,7 @@ class NodeAgent:
               sampling: dict[str, Any]) -> int:
         if argv and argv[0] == "{python}":
             argv = [sys.executable, *argv[1:]]  # this node's interpreter, not the driver's
+        self.signer = signer_from_env(env)
         self.proc = subprocess.Popen(
             argv, env={**os.environ, **env}, cwd=cwd, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
@@ -126,11 +131,12 @@ class NodeAgent:
                 if cpu is not None:
                     cpu.find(self.proc.pid)
                 found = cpu.sample() if cpu is not None else nvml.sample() if nvml else []
-                if found:
+                if found and self.signer is not None:
                     rec = {"node": self.node, "t": time.time(),
                            "device_samples": [[base + s.key, s.device, s.name, s.value] for s in found]}
                     with contextlib.suppress(OSError):
-                        sock.sendto(json.dumps(rec).encode(), (host, int(port)))
+                        sock.sendto(self.signer.seal(json.dumps(rec).encode()),
+                                    (host, int(port)))
         except Exception:  # see the docstring
             return
 
@@ -186,7 +192,8 @@ class Driver:
         code = self._place(ray)
         if code is not None:
             return code
-        starts = [a.start.remote(n["argv"], n["env"], n["cwd"], n["sampling"])
+        key = {KEY_ENV: os.environ[KEY_ENV]} if KEY_ENV in os.environ else {}
+        starts = [a.start.remote(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"])
                   for a, n in zip(self.agents, self.nodes, strict=True)]
         try:
             ray.get(starts, timeout=READY_TIMEOUT_S)

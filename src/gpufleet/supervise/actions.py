@@ -19,6 +19,7 @@ from gpufleet.backends.base import RunRequest
 from gpufleet.errors import GpufleetError
 from gpufleet.launch.torchrun import JobContext, merge_env
 from gpufleet.lifecycle import clusters, jobs
+from gpufleet.reportauth import KEY_ENV
 from gpufleet.store import Job
 from gpufleet.supervise import durable, elastic, outcome
 from gpufleet.supervise import events as ev
@@ -97,6 +98,7 @@ class Effects:
             run_id=f"{sup.job.name}-{action.run}", survive_env=survive,
             cluster_name=sup.cluster.name, cluster_devices=sup.cluster.count))
         env = merge_env(dict(os.environ), {**prepared.env, **survive}, spec.env)
+        env[KEY_ENV] = sup.report_key  # after the user's env, and not in command.json
         for file_name, content in prepared.files.items():  # framework configs, a plan
             (job_dir / file_name).write_text(content)
         (job_dir / "command.json").write_text(json.dumps({"argv": prepared.argv,

@@ -1,8 +1,10 @@
 """What arrives on the report socket: progress reports, Checkpointer notes, node agents' device
 samples; turned into job progress and metric rows (for the store) and machine events.
 
-The port is open to any local process, so every field is typed here: a string where a number
-belongs raises ValueError and drops the datagram, rather than reaching the store or the page.
+The port is open to any local process, so a datagram counts only with a valid signature under
+the job's key (`reportauth`; the rest are counted in `dropped` and told once in a while, see
+`rejected.py`), and every field is typed here: a string where a number belongs raises
+ValueError and drops the datagram, rather than reaching the store or the page.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Callable
 from typing import Any
 
+from gpufleet.reportauth import Rejection, Verifier
 from gpufleet.store import Cluster, Job, Metric, Store
-from gpufleet.supervise import durable
+from gpufleet.supervise import durable, rejected
 from gpufleet.supervise.events import Event, RecordEvent, Reported, WorkerNote
 from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.view import MODEL_STATE_METRICS
@@ -34,10 +38,14 @@ def opt_number(kind: type[int] | type[float], value: Any) -> Any:
     return kind(value)
 
 
-def note_of(rec: dict[str, Any]) -> tuple[WorkerNote, RecordEvent | None]:
-    """A Checkpointer note, and the job event it is recorded as (if any)."""
+def note_of(rec: dict[str, Any], total_steps: int | None = None
+            ) -> tuple[WorkerNote, RecordEvent | None]:
+    """A Checkpointer note, and the job event it is recorded as (if any). A step past the
+    job's planned total (when known) raises ValueError: no real checkpoint is there."""
     kind = str(rec["event"])
     step = opt_number(int, rec.get("step"))
+    if step is not None and total_steps is not None and step > total_steps:
+        raise ValueError(f"step {step} is past the job's {total_steps} steps")
     note = WorkerNote(kind, int(rec["rank"]), step)
     if kind == "checkpoint":
         size = opt_number(float, rec.get("bytes")) or 0.0
@@ -60,8 +68,10 @@ class Intake:
     `pending` is shared with the device sampler thread, hence the lock.
     """
 
-    def __init__(self, job: Job, cluster: Cluster):
+    def __init__(self, job: Job, cluster: Cluster, key: str):
         self.job, self.cluster = job, cluster
+        self.verifier = Verifier(key)
+        self.dropped = rejected.Dropped()
         self.throughput = Throughput()
         self.pending: list[Metric] = []
         self.lock = threading.Lock()
@@ -78,20 +88,30 @@ class Intake:
         self.throughput = Throughput()
         self.job.first_step = self.job.first_step_at = None
 
-    def datagram(self, data: bytes, pids_here: bool) -> list[Event | RecordEvent]:
-        """One datagram in; the machine events and job events it makes. A malformed one is
-        dropped: not worth failing a job over."""
+    def datagram(self, data: bytes, pid_ok: Callable[[int], bool]) -> list[Event | RecordEvent]:
+        """One datagram in; the machine events and job events it makes. One without a valid
+        signature is counted and dropped; a malformed one is dropped: not worth failing a job
+        over. `pid_ok`: whether a reported pid is one of this job's processes."""
+        payload = self.verifier.open(data)
+        if isinstance(payload, Rejection):
+            self.dropped = rejected.count(self.dropped, payload)
+            return []
         try:
-            rec = json.loads(data)
+            rec = json.loads(payload)
             if "event" in rec:
-                note, record = note_of(rec)
+                note, record = note_of(rec, self.job.total_steps)
                 return [note] if record is None else [note, record]
             if "device_samples" in rec:
                 self._samples(rec)
                 return []
-            return [self._report(rec, pids_here)]
+            return [self._report(rec, pid_ok)]
         except (ValueError, TypeError, KeyError, OverflowError):
             return []
+
+    def dropped_note(self, now: float, final: bool = False) -> RecordEvent | None:
+        """The job event about dropped datagrams, when one is due (see `rejected.note`)."""
+        self.dropped, record = rejected.note(self.dropped, now, final)
+        return record
 
     def add_samples(self, rows: list[Metric]) -> None:
         with self.lock:
@@ -113,14 +133,16 @@ class Intake:
                                    name=name, value=float(value)))
         self.add_samples(rows)
 
-    def _report(self, rec: dict[str, Any], pids_here: bool) -> Reported:
+    def _report(self, rec: dict[str, Any], pid_ok: Callable[[int], bool]) -> Reported:
         r = Report(t=float(rec["t"]), rank=int(rec["rank"]), step=int(rec["step"]),
                    samples=opt_number(int, rec.get("samples")),
                    loss=opt_number(float, rec.get("loss")),
                    total_steps=opt_number(int, rec.get("total_steps")),
                    samples_total=opt_number(int, rec.get("samples_total")))
-        if isinstance(rec.get("pid"), int) and pids_here:
-            self.worker_pids[r.rank] = rec["pid"]
+        pid = rec.get("pid")
+        if isinstance(pid, int) and not isinstance(pid, bool) and \
+                self.worker_pids.get(r.rank) != pid and pid_ok(pid):
+            self.worker_pids[r.rank] = pid
         rows = []
         for key, value in rec.items():
             if key in MODEL_STATE_METRICS and isinstance(value, int | float):

@@ -123,7 +123,9 @@ def _note(state: State, note: WorkerNote, now: float) -> State:
     if note.kind in ("checkpoint", "resumed"):
         return replace(s, checkpoint_step=note.step)
     if note.kind == "exit_for_resize":
-        return replace(s, exited_for_resize=True)
+        # a control note counts only as the answer to a request of this run (one withdrawn at
+        # its deadline too: a rank may have read it first); unasked, an exit 0 is the end
+        return replace(s, exited_for_resize=True) if s.exit_asked else s
     return s
 
 

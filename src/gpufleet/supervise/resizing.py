@@ -64,7 +64,7 @@ def autoscale(state: State, tick: Tick, now: float) -> Result:
                         "its progress", actions)
     seq = s.control_seq + 1
     reason = f"{s.workers} -> {decision.workers} workers: {decision.reason}"
-    s = replace(s, resize_target=decision.workers, control_seq=seq,
+    s = replace(s, resize_target=decision.workers, control_seq=seq, exit_asked=True,
                 resize_deadline=now + 2 * s.config.hang_timeout_s)
     return s, [*actions, RequestWorkers("save_exit", seq),
                Transition(JobStatus.RESIZING, reason), Say(f"resizing {reason}")]

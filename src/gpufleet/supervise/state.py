@@ -40,6 +40,7 @@ class State:
     checkpoint_step: int | None = None
     has_checkpointer: bool = False
     exited_for_resize: bool = False
+    exit_asked: bool = False  # this run's workers were asked to save and exit (a resize)
     failures: tuple[restarts.Failure, ...] = ()
     final_failure: str | None = None
     stop_reason: str | None = None
@@ -75,7 +76,7 @@ def start_run(state: State, now: float) -> Result:
     """A new run of the workers at the current size."""
     runs = state.runs + 1
     s = replace(state, phase="running", runs=runs, started_at=now, training_since=None,
-                last_seen={}, exited_for_resize=False, last_policy=0.0)
+                last_seen={}, exited_for_resize=False, exit_asked=False, last_policy=0.0)
     actions: list[Action] = [StartWorkers(s.workers, runs)]
     if runs > 1:
         actions.append(Transition(JobStatus.RUNNING, f"{s.workers} worker(s) on "

@@ -27,6 +27,7 @@ import psutil
 from gpufleet.backends.base import Backend, Handle
 from gpufleet.lifecycle import jobs
 from gpufleet.lifecycle.status import JobStatus
+from gpufleet.reportauth import KEY_ENV, new_key
 from gpufleet.store import Cluster, Job, Metric, Store
 from gpufleet.supervise import events as ev
 from gpufleet.supervise import machine
@@ -53,7 +54,10 @@ class Supervisor:
         self.spec = jobs.spec_of(job)
         self.on_tick, self.on_line = on_tick, on_line
         self.stop_reason: str | None = None  # set by a signal; the loop hands it to the machine
-        self.intake = Intake(job, cluster)
+        # signs the job's reports (reportauth); reaches the workers through their environment
+        # only, never a file, a log or the store
+        self.report_key = new_key()
+        self.intake = Intake(job, cluster, self.report_key)
         self.recent = self.intake.recent
         self.telemetry = TelemetryState(self)
         self.handle: Handle | None = None
@@ -157,6 +161,8 @@ class Supervisor:
                 self._drain(self.sock)
                 self.sock.close()
             with contextlib.suppress(Exception):
+                self._note_dropped(final=True)
+            with contextlib.suppress(Exception):
                 self.intake.flush(self.store)
             with contextlib.suppress(Exception):  # log rules: OOM, timeouts, for the post-mortem
                 self.telemetry.diagnose(time.time(), final=True)
@@ -259,13 +265,30 @@ class Supervisor:
                 data = sock.recv(65536)
             except (BlockingIOError, OSError):
                 break
-            for item in self.intake.datagram(data, self.backend.pids_here):
+            for item in self.intake.datagram(data, self._pid_ok):
                 if isinstance(item, ev.RecordEvent):
                     self.effects.do(item)
                 else:
                     self.feed(item)
+        self._note_dropped()
         for rank, pid in self.intake.worker_pids.items():
             self.telemetry.worker_pid(rank, pid)
+
+    def _note_dropped(self, final: bool = False) -> None:
+        record = self.intake.dropped_note(time.time(), final)
+        if record is not None:
+            self.effects.do(record)
+
+    def _pid_ok(self, pid: int) -> bool:
+        """A reported pid is taken (for the hang check's stopped test and CPU telemetry) only
+        if it is a process here holding this job's key: a signed report can still carry a
+        wrong pid (a script's bug), and sampling a stranger's process would be worse."""
+        if not self.backend.pids_here:
+            return False
+        try:
+            return psutil.Process(pid).environ().get(KEY_ENV) == self.report_key
+        except psutil.Error:
+            return False
 
     def end_workers(self, grace_s: float) -> None:
         """Stop sampling and end this run's process tree (a stopped process too: SIGKILL

@@ -3,6 +3,10 @@
 Each call sends one small JSON datagram over UDP to $GPUFLEET_REPORT_ADDR with a non-blocking
 socket: the kernel queues it and training goes on. If the supervisor is gone or slow, the datagram
 is dropped and training is not slowed: losing a progress line is better than stalling a step.
+
+Each datagram is signed with the job's key from $GPUFLEET_REPORT_KEY (see gpufleet.reportauth):
+the supervisor drops what anyone else on the machine sends to its port. Without a key (bare
+torchrun, a script run by hand) nothing is sent: no supervisor would accept it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import socket
 import time
 from typing import Any
 
+from gpufleet.reportauth import signer_from_env
 from gpufleet.train import telemetry
 
 _MAX_DATAGRAM = 8192
@@ -25,19 +30,21 @@ class _Reporter:
         self.rank = int(os.environ.get("RANK", "0"))
         self.samples_total = 0
         self.pid = os.getpid()  # lets the supervisor find this rank's process for CPU telemetry
+        self.signer = signer_from_env(os.environ)
         raw = os.environ.get("GPUFLEET_REPORT_ADDR", "")
         host, _, port = raw.rpartition(":")
-        if host and port.isdigit():
+        if host and port.isdigit() and self.signer is not None:
             self.addr = (host, int(port))
             self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self.sock.setblocking(False)
 
     def send(self, record: dict[str, Any]) -> None:
-        if self.sock is None or self.addr is None:
+        if self.sock is None or self.addr is None or self.signer is None:
             return
         data = json.dumps(record, separators=(",", ":")).encode()
         if len(data) > _MAX_DATAGRAM:
             return
+        data = self.signer.seal(data)
         try:
             self.sock.sendto(data, self.addr)
         except OSError:
