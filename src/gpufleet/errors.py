@@ -5,11 +5,24 @@
     +-- NotFoundError             a cluster or job name that does not exist
     +-- ConflictError             a name already taken, a cluster busy or already stopped
     +-- AllocationError           the pool cannot satisfy a request; says what is free
+    +-- StateError                the state folder or state file cannot be used (shared, a
+                                  link, damaged, removed); says why and what to do
 
 Anything else reaching the CLI is a bug and is shown as such.
 """
 
 from __future__ import annotations
+
+EXCERPT_CHARS = 80  # the most of a user's value an error message repeats
+MESSAGE_CHARS = 600  # the most one problem's message may be, whatever went into it
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """`value` as an error message may repeat it: on one line, and cut to `limit` characters
+    with "...". An input may be megabytes (a YAML file, a flag); its message stays a line."""
+    text = value if isinstance(value, str) else repr(value)
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class GpufleetError(Exception):
@@ -22,8 +35,10 @@ class SpecError(GpufleetError):
     """One or more invalid fields. Each problem names its field so the user can fix all at once."""
 
     def __init__(self, problems: list[tuple[str, str]]):
-        self.problems = problems
-        super().__init__("; ".join(f"{field}: {msg}" for field, msg in problems))
+        # Every message site is meant to echo input through `excerpt`; this bound holds even
+        # where one does not (a validator's message, a library's error text).
+        self.problems = [(excerpt(field), excerpt(msg, MESSAGE_CHARS)) for field, msg in problems]
+        super().__init__("; ".join(f"{field}: {msg}" for field, msg in self.problems))
 
 
 class NotFoundError(GpufleetError):
@@ -35,4 +50,8 @@ class ConflictError(GpufleetError):
 
 
 class AllocationError(GpufleetError):
+    pass
+
+
+class StateError(GpufleetError):
     pass

@@ -14,12 +14,12 @@ running cluster needs its pool's devices for its health, and an active job may n
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpufleet.home import checked_home
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE
 
 SCHEMA_VERSION = 2  # store.db.SCHEMA_VERSION, which this reader understands
@@ -34,9 +34,9 @@ COLUMNS = {
 
 def state_path() -> Path:
     """Where `store.Store()` keeps its state (`$GPUFLEET_HOME/state.db`), found without
-    creating anything."""
-    home = Path(os.environ.get("GPUFLEET_HOME") or Path.home() / ".gpufleet").expanduser()
-    return home / "state.db"
+    creating anything; a state folder the store would refuse is refused here too (StateError).
+    A state file that cannot be read is left to the store, which says why in one line."""
+    return checked_home() / "state.db"
 
 
 def _marks(n: int) -> str:

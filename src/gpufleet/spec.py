@@ -12,13 +12,13 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from gpufleet import catalog
 from gpufleet.backends.kinds import Kind, capabilities
-from gpufleet.errors import SpecError
+from gpufleet.errors import SpecError, excerpt
 from gpufleet.parallelism import Layout, resolve
+from gpufleet.spec_yaml import load_yaml as load_yaml  # where it lived before; callers import it here
 
 MAX_GPUS_PER_JOB = 128  # seed 000: up to 128 GPUs per job (16 nodes x 8)
 MAX_GPUS_PER_NODE = 8
@@ -38,13 +38,13 @@ def parse_disk(value: str | int | float) -> int:
     text = str(value)
     m = _DISK_RE.fullmatch(text)
     if not m or (m.group(3) and not m.group(2)):
-        raise ValueError(f"'{text}' is not a size; use e.g. 100GB, 1TB, 500GiB")
+        raise ValueError(f"'{excerpt(text)}' is not a size; use e.g. 100GB, 1TB, 500GiB")
     number, unit, binary, byte = m.groups()
     base = 1024 if binary else 1000
     power = _UNIT_POWER[unit.lower()] if unit else (0 if byte else 3)
     size = int(float(number) * base**power)
     if size <= 0:
-        raise ValueError(f"'{text}' is not a size above zero; use e.g. 100GB, 1TB")
+        raise ValueError(f"'{excerpt(text)}' is not a size above zero; use e.g. 100GB, 1TB")
     return size
 
 
@@ -56,10 +56,10 @@ def parse_duration(value: str | int | float) -> float:
     """Seconds for '90s', '5m', '1.5h', '2d', '250ms' or a bare number of seconds."""
     m = _DURATION_RE.fullmatch(str(value))
     if not m:
-        raise ValueError(f"'{value}' is not a duration; use e.g. 30s, 5m, 1h, 2d")
+        raise ValueError(f"'{excerpt(value)}' is not a duration; use e.g. 30s, 5m, 1h, 2d")
     seconds = float(m.group(1)) * _DURATION_UNIT[(m.group(2) or "s").lower()]
     if seconds <= 0:
-        raise ValueError(f"'{value}' is not a duration above zero; use e.g. 30s, 5m")
+        raise ValueError(f"'{excerpt(value)}' is not a duration above zero; use e.g. 30s, 5m")
     return seconds
 
 
@@ -70,9 +70,9 @@ def parse_workers(value: str | int) -> tuple[int, int]:
     try:
         low, high = int(lo), int(hi) if sep else int(lo)
     except ValueError:
-        raise ValueError(f"'{text}' is not a worker range; use MIN:MAX, e.g. 2:8") from None
+        raise ValueError(f"'{excerpt(text)}' is not a worker range; use MIN:MAX, e.g. 2:8") from None
     if low < 1 or high < low or high > MAX_GPUS_PER_JOB:
-        raise ValueError(f"'{text}' is not a worker range; use MIN:MAX with 1 <= MIN <= MAX <= "
+        raise ValueError(f"'{excerpt(text)}' is not a worker range; use MIN:MAX with 1 <= MIN <= MAX <= "
                          f"{MAX_GPUS_PER_JOB}, e.g. 2:8")
     return low, high
 
@@ -80,7 +80,7 @@ def parse_workers(value: str | int) -> tuple[int, int]:
 def check_name(value: str, what: str) -> str:
     if not _NAME_RE.fullmatch(value):
         raise ValueError(
-            f"'{value}' is not a valid {what} name: use 1-40 lowercase letters, digits and '-', "
+            f"'{excerpt(value)}' is not a valid {what} name: use 1-40 lowercase letters, digits and '-', "
             "starting with a letter and not ending with '-'"
         )
     return value
@@ -105,9 +105,9 @@ def _errors(exc: ValidationError) -> list[tuple[str, str]]:
         elif e["type"] in ("less_than_equal", "greater_than_equal"):
             lo_hi = "at most" if e["type"] == "less_than_equal" else "at least"
             bound = e["ctx"]["le" if e["type"] == "less_than_equal" else "ge"]
-            msg = f"got {e['input']}; must be {lo_hi} {bound}{_RANGE_HINTS.get(field, '')}"
+            msg = f"got {excerpt(e['input'])}; must be {lo_hi} {bound}{_RANGE_HINTS.get(field, '')}"
         elif e["type"] == "literal_error":
-            msg = f"'{e['input']}' is not allowed; allowed: {e['ctx']['expected']}"
+            msg = f"'{excerpt(e['input'])}' is not allowed; allowed: {e['ctx']['expected']}"
         out.append((field, msg))
     return out
 
@@ -174,7 +174,8 @@ class ClusterSpec(_Spec):
     @classmethod
     def _book(cls, v: str | None) -> str | None:
         if v is not None and v not in catalog.price_books():
-            raise ValueError(f"unknown price book '{v}'; allowed: {', '.join(catalog.price_books())}")
+            raise ValueError(f"unknown price book '{excerpt(v)}'; allowed: "
+                             f"{', '.join(catalog.price_books())}")
         return v
 
     @property
@@ -398,37 +399,6 @@ class JobSpec(_Spec):
         if problems:
             raise SpecError(problems)
         return spec
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that keeps `2:8` a string: YAML 1.1 reads it as a base-60 integer (128), and
-    `workers: 2:8` must mean the range."""
-
-    def construct_yaml_int(self, node: Any) -> Any:
-        if ":" in str(node.value):
-            return str(node.value)
-        return super().construct_yaml_int(node)
-
-
-_YamlLoader.add_constructor("tag:yaml.org,2002:int", _YamlLoader.construct_yaml_int)
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a job or cluster YAML file into a plain dict for `parse`."""
-    p = Path(path)
-    try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_YamlLoader)  # a SafeLoader
-    except FileNotFoundError:
-        raise SpecError([("file", f"no such file: {p}")]) from None
-    except OSError as exc:
-        raise SpecError([("file", f"cannot read {p}: {exc.strerror or exc}")]) from None
-    except UnicodeDecodeError:
-        raise SpecError([("file", f"{p} is not UTF-8 text")]) from None
-    except yaml.YAMLError as exc:
-        raise SpecError([("file", f"{p} is not valid YAML: {str(exc).splitlines()[0]}")]) from None
-    if not isinstance(data, dict):
-        raise SpecError([("file", f"{p} must hold a mapping of fields")])
-    return data
 
 
 class PlanSpec(_Spec):

@@ -125,13 +125,17 @@ def test_gpufleet_home_from_env_is_created_owner_only(
     assert mode(home) == 0o700
 
 
-def test_gpufleet_home_tightens_an_existing_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpufleet_home_uses_an_existing_private_folder_as_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only folders gpufleet creates are chmod-ed: an existing one no one else can write to is
+    # the owner's to set (it used to be forced to 0700, which locked a shared 1777 folder).
     home = tmp_path / "home"
     home.mkdir(mode=0o755)
     home.chmod(0o755)
     monkeypatch.setenv("GPUFLEET_HOME", str(home))
     gpufleet_home()
-    assert mode(home) == 0o700
+    assert mode(home) == 0o755
+    assert mode(home / "jobs") == 0o700  # made by gpufleet
 
 
 def test_gpufleet_home_defaults_under_user_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,7 +150,7 @@ def test_default_store_file_is_owner_only(tmp_path: Path, monkeypatch: pytest.Mo
     store = Store()
     try:
         db = tmp_path / "home" / "state.db"
-        assert store.url == f"sqlite:///{db}"
+        assert store.url == f"sqlite:///file:{db}?mode=rw&uri=true"  # never creates the file
         assert mode(db) == 0o600
         add_cluster(store)  # a write creates the WAL side files
         sides = sorted((tmp_path / "home").glob("state.db-*"))

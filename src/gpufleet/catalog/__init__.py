@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from gpufleet.errors import SpecError
+from gpufleet.errors import SpecError, excerpt
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def resolve_gpu(name: str, field: str = "gpu") -> GpuType:
     names = list(gpu_types())
     close = difflib.get_close_matches(_key(name), list(_gpu_index()), n=1, cutoff=0.5)
     hint = f"did you mean '{_gpu_index()[close[0]]}'? " if close else ""
-    raise SpecError([(field, f"unknown GPU type '{name}'; {hint}known: {', '.join(names)}")])
+    raise SpecError([(field, f"unknown GPU type '{excerpt(name)}'; {hint}known: {', '.join(names)}")])
 
 
 def gpu_from_nvml_name(nvml_name: str) -> GpuType | None:
@@ -213,7 +213,7 @@ def resolve_model(name: str, field: str = "model") -> ModelType:
         return models()[found]
     close = difflib.get_close_matches(_key(name), list(index), n=1, cutoff=0.6)
     hint = f"did you mean '{index[close[0]]}'? " if close else ""
-    raise SpecError([(field, f"unknown model '{name}'; {hint}known: {', '.join(models())}")])
+    raise SpecError([(field, f"unknown model '{excerpt(name)}'; {hint}known: {', '.join(models())}")])
 
 
 @cache

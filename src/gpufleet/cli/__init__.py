@@ -9,6 +9,7 @@ torch is never imported here; only the training processes import it.
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 # The order of these imports is the order of the commands in `gpufleet --help`.
 # isort: off
@@ -28,7 +29,19 @@ def main() -> None:
         silence_stdout()
         sys.exit(1)
     except GpufleetError as e:
-        from rich.text import Text
+        _fail(e)
+    except Exception as e:  # an sqlite3 error about the state file that no store call caught
+        from gpufleet.home import home_path
+        from gpufleet.state_file import db_error
 
-        err.print(Text.assemble(("error: ", "bold red"), str(e)), highlight=False, soft_wrap=True)
-        sys.exit(e.exit_code)
+        state = db_error(home_path() / "state.db", e)
+        if state is None:
+            raise
+        _fail(state)
+
+
+def _fail(e: GpufleetError) -> NoReturn:
+    from rich.text import Text
+
+    err.print(Text.assemble(("error: ", "bold red"), str(e)), highlight=False, soft_wrap=True)
+    sys.exit(e.exit_code)

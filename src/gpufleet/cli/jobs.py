@@ -140,6 +140,7 @@ def _job_spec(file: Path | None, script: str | None, args: list[str], env: list[
               cluster: str | None) -> tuple[Store, JobSpec]:
     """The job spec from the YAML file and the flags (flags win); the store, opened when a new
     cluster's pool must be resolved."""
+    from gpufleet.cli.env_pairs import merged_env
     from gpufleet.lifecycle.provision import with_pool
     from gpufleet.spec import JobSpec, load_yaml
 
@@ -148,13 +149,8 @@ def _job_spec(file: Path | None, script: str | None, args: list[str], env: list[
         data["script"] = script
     if args:
         data["args"] = args
-    env_pairs = dict(data.get("env") or {})
-    for item in env:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SpecError([("env", f"'{item}' is not KEY=VALUE")])
-        env_pairs[key] = value
-    data.update({k: v for k, v in {**flags, "env": env_pairs or None}.items() if v is not None})
+    env_pairs = merged_env(data.get("env"), env)
+    data.update({k: v for k, v in {**flags, "env": env_pairs}.items() if v is not None})
     if any(v is not None for v in inline.values()):
         if cluster:
             raise SpecError([("cluster", "give either --cluster NAME or --gpu/--count for a new "

@@ -31,6 +31,7 @@ from gpufleet.doctor.model import (
     Status,
     Topology,
 )
+from gpufleet.doctor.state_check import state_file_check
 from gpufleet.plan.comm import algbw_to_busbw
 from gpufleet.pool.model import Device
 
@@ -454,7 +455,10 @@ ALL_CHECKS = (devices, versions, bf16, topology, nccl_env, shm, open_files, disk
 
 
 def run_all(f: NodeFacts) -> list[Check]:
-    return [check(f) for check in ALL_CHECKS]
+    """Every check; the state file's too when it was looked at (`gpufleet doctor` on this
+    host looks)."""
+    found = [check(f) for check in ALL_CHECKS]
+    return found if f.state is None else [*found, state_file_check(f.state)]
 
 
 def summary(checks: list[Check]) -> dict[str, int]:

@@ -28,7 +28,9 @@ from gpufleet.doctor.model import (
     Topology,
     Versions,
 )
+from gpufleet.doctor.state_check import state_facts
 from gpufleet.errors import GpufleetError
+from gpufleet.home import home_path
 from gpufleet.launch.env import device_env
 from gpufleet.launch.torchrun import merge_env
 from gpufleet.pool.model import Device, Node, Placement
@@ -217,4 +219,5 @@ def gather(target: Target, node: Node, nvml: NvmlFacts) -> NodeFacts:
         nofile_soft=2**63 - 1 if soft == infinity else soft,
         nofile_hard=2**63 - 1 if hard == infinity else hard,
         disk=disk_facts(), allreduce=allreduce.run(len(target.devices), env),
+        state=state_facts(home_path() / "state.db"),
     )

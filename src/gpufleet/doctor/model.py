@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpufleet.pool.model import Device
+
+if TYPE_CHECKING:
+    from gpufleet.doctor.state_check import StateFacts
 
 Status = Literal["pass", "warn", "fail"]
 
@@ -153,3 +156,4 @@ class NodeFacts:
     nofile_hard: int
     disk: Disk
     allreduce: AllReduceRun
+    state: StateFacts | None = None  # the state file; None: not looked at

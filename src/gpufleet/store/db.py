@@ -7,34 +7,30 @@ same devices free; the unique (node, device) key backs that up.
 
 from __future__ import annotations
 
-import os
 import sqlite3
+import stat
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpufleet.errors import ConflictError
+from gpufleet.errors import StateError
+from gpufleet.home import ensure_home
+from gpufleet.state_file import check_openable, db_error
 from gpufleet.store.models import Base
 
 
 def gpufleet_home() -> Path:
-    """The state folder: $GPUFLEET_HOME or ~/.gpufleet, created owner-only (0700)."""
-    home = Path(os.environ.get("GPUFLEET_HOME") or Path.home() / ".gpufleet").expanduser()
-    try:
-        for folder in (home, home / "jobs", home / "clusters"):
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            folder.chmod(0o700)
-    except OSError as exc:
-        raise ConflictError(f"GPUFLEET_HOME: cannot use {home} as a private state folder: "
-                            f"{exc.strerror or exc}") from None
-    return home
+    """The state folder: $GPUFLEET_HOME or ~/.gpufleet; see `gpufleet.home` for which folder
+    may be used and how a new one is made."""
+    return ensure_home()
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -118,37 +114,71 @@ def _migrate(engine: Engine) -> None:
             conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
+def _owner_only(path: Path) -> None:
+    """Create the state file 0600, or take group and other bits off an existing one; a
+    read-only (or immutable) file stays so, and SQLite's error then says why in one line."""
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        return
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        with suppress(OSError):
+            path.chmod(mode & 0o700)
+
+
 class Store:
-    """A handle on the database. `session()` is one transaction, committed on normal exit."""
+    """A handle on the database. `session()` is one transaction, committed on normal exit.
+
+    The default store is `$GPUFLEET_HOME/state.db`, refused (StateError) when it is damaged or
+    was removed under a running job (`state_file.open_problem`). Its connections open the file
+    with SQLite's `mode=rw`, so none of them ever creates an empty state file in place of one
+    that went away; only a new store's file is created here. An sqlite3 error that means the
+    file cannot be used becomes a StateError (one line) wherever a session meets it."""
 
     def __init__(self, url: str | None = None):
+        self.path: Path | None = None
         if url is None:
-            path = gpufleet_home() / "state.db"
-            _set_aside_prerelease(path)
-            url = f"sqlite:///{path}"
-            if not path.exists():
-                path.touch(mode=0o600)
-            path.chmod(0o600)
+            path = self.path = gpufleet_home() / "state.db"
+            check_openable(path)
+            with self._translated():
+                _set_aside_prerelease(path)
+            _owner_only(path)
+            url = f"sqlite:///file:{quote(str(path))}?mode=rw&uri=true"
         self.url = url
         self.engine: Engine = create_engine(url)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", _sqlite_begin)
-        _migrate(self.engine)
+        with self._translated():
+            _migrate(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._reads = sessionmaker(self.engine.execution_options(readonly=True),
                                    expire_on_commit=False)
 
     @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """sqlite3 errors about the state file as one StateError line; others unchanged."""
+        try:
+            yield
+        except StateError:
+            raise
+        except Exception as exc:
+            state = db_error(self.path, exc) if self.path is not None else None
+            if state is None:
+                raise
+            raise state from None
+
+    @contextmanager
     def session(self) -> Iterator[Session]:
         """A write transaction (serialized with every other writer)."""
-        with self._sessions() as s, s.begin():
+        with self._translated(), self._sessions() as s, s.begin():
             yield s
 
     @contextmanager
     def read(self) -> Iterator[Session]:
         """A read-only transaction: a consistent snapshot that never waits for writers."""
-        with self._reads() as s, s.begin():
+        with self._translated(), self._reads() as s, s.begin():
             yield s
 
     def close(self) -> None:

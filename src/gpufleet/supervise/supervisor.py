@@ -35,6 +35,7 @@ from gpufleet.supervise.actions import Effects
 from gpufleet.supervise.elastic import elastic_plan
 from gpufleet.supervise.intake import Intake, opt_number
 from gpufleet.supervise.logs import LogSink, last_exception
+from gpufleet.supervise.store_watch import StoreLost, StoreWatch
 from gpufleet.supervise.telemetry import TelemetryState
 from gpufleet.supervise.view import JobView, job_view
 
@@ -73,6 +74,8 @@ class Supervisor:
             heals=backend.capabilities.multi_node)
         self.state = machine.initial(config, workers, job.step)
         self.effects = Effects(self)
+        self.store_watch = StoreWatch(store.path)  # the state file removed under the job
+        self.lost: StoreLost | None = None  # set when it was: nothing more goes to the store
 
     @property
     def interrupted(self) -> bool:
@@ -144,6 +147,11 @@ class Supervisor:
             else:
                 self.request_stop(jobs.STOP_REQUESTED)
                 self.feed(ev.StopRequested(jobs.STOP_REQUESTED))
+        except StoreLost as exc:
+            self.lost = exc
+            if self.sink is not None:
+                with contextlib.suppress(OSError):
+                    self.sink.write(f"gpufleet: {exc}\n")
         except KeyboardInterrupt:
             self.request_stop(machine.INTERRUPTED_REASON)
             self.follow_ups.clear()  # what the cut-short actions had queued is moot
@@ -158,14 +166,22 @@ class Supervisor:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
             self.end_workers(10.0)
             if self.sock is not None:
-                self._drain(self.sock)
+                if self.lost is None:
+                    self._drain(self.sock)
                 self.sock.close()
             with contextlib.suppress(Exception):
-                self._note_dropped(final=True)
+                if self.lost is None:  # the store is gone: write nothing to it
+                    self._note_dropped(final=True)
             with contextlib.suppress(Exception):
-                self.intake.flush(self.store)
+                if self.lost is None:
+                    self.intake.flush(self.store)
             with contextlib.suppress(Exception):  # log rules: OOM, timeouts, for the post-mortem
-                self.telemetry.diagnose(time.time(), final=True)
+                if self.lost is None:
+                    self.telemetry.diagnose(time.time(), final=True)
+        if self.lost is not None:
+            if self.sink is not None:
+                self.sink.close()
+            raise self.lost
         try:
             return self.effects.finish(self.sink)
         finally:
@@ -199,6 +215,7 @@ class Supervisor:
             return
         if self.stop_reason is not None:
             return
+        self.store_watch.check(time.monotonic())
         ready, _, _ = select.select([sock], [], [], 0.2)
         if ready:
             self._drain(sock)
@@ -342,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
         cluster = s.get(ClusterRow, job.cluster_id)
     assert cluster is not None
     backend = pools.backend_for(pools.pool_of(store, cluster))
-    done = Supervisor(store, job, cluster, backend).run()
+    try:
+        done = Supervisor(store, job, cluster, backend).run()
+    except StoreLost as exc:  # the line in the job's log, and here in supervisor.log
+        print(f"gpufleet: {exc}", file=sys.stderr)
+        return 1
     return 0 if done.status == JobStatus.SUCCEEDED else 1
 
 

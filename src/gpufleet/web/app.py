@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpufleet.errors import GpufleetError, NotFoundError
+from gpufleet.errors import GpufleetError, NotFoundError, StateError
 from gpufleet.store import Store
 from gpufleet.web import auth, data, prom
 
@@ -53,7 +53,9 @@ def create_app(store: Store, token: str | None = None, focus: str | None = None,
 
     @app.exception_handler(GpufleetError)
     async def gpufleet_error(_request: Request, exc: GpufleetError) -> JSONResponse:
-        status = 404 if isinstance(exc, NotFoundError) else 400
+        # A state file that cannot be used is the server's trouble, not the request's.
+        status = 404 if isinstance(exc, NotFoundError) else 503 if isinstance(exc, StateError) \
+            else 400
         return JSONResponse({"error": str(exc)}, status_code=status)
 
     @app.get("/", response_class=HTMLResponse)
