@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.errors import ConflictError, NotFoundError, SpecError
-from gpufleet.lifecycle import clusters
+from gpufleet.lifecycle import clusters, leftovers
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, JobStatus
 from gpufleet.spec import JobSpec, check_name
 from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
@@ -210,6 +210,9 @@ def reconcile(store: Store) -> None:
         stale = [j for j in s.scalars(select(Job).where(Job.status.in_(ACTIVE))).all()
                  if j.supervisor_pid is not None and not supervisor_alive(j)]
     for job in stale:
+        # before the job is final (and so resumable), end what the kill left of its last run
+        assert job.supervisor_pid is not None
+        leftovers.end_run(leftovers.RunIdentity(job.name, job.job_dir, job.supervisor_pid))
         if not transition(store, job.id, *_gone_outcome(job)):
             continue
         with store.read() as s:
