@@ -6,7 +6,6 @@ is `cpu_slots`, else $GPUFLEET_CPU_SLOTS, else the number of cores.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal as signals
@@ -19,7 +18,7 @@ from typing import IO, Any
 import psutil
 
 from gpufleet import catalog
-from gpufleet.backends import base
+from gpufleet.backends import base, keeper
 from gpufleet.backends.base import Prepared, RunRequest
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
 from gpufleet.errors import SpecError
@@ -117,9 +116,11 @@ def bus_id(raw: bytes | str) -> str:
 
 @dataclass
 class Handle:
-    """A started process tree: torchrun and, below it, the workers in their own sessions."""
+    """A started process tree: the keeper, torchrun below it and the workers in their own
+    sessions; `lifeline` is the pipe end whose closing (or our death) makes the keeper end them."""
 
     proc: subprocess.Popen[bytes]
+    lifeline: int | None = None
 
     @property
     def pid(self) -> int:
@@ -130,13 +131,19 @@ class Handle:
         return self.proc.stdout
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        return self._ended(self.proc.poll())
 
     def wait(self, timeout: float) -> int | None:
         try:
-            return self.proc.wait(timeout=timeout)
+            return self._ended(self.proc.wait(timeout=timeout))
         except subprocess.TimeoutExpired:
             return None
+
+    def _ended(self, code: int | None) -> int | None:
+        if code is not None and self.lifeline is not None:
+            os.close(self.lifeline)
+            self.lifeline = None
+        return code
 
 
 class LocalBackend:
@@ -175,7 +182,7 @@ class LocalBackend:
         return set()  # this host is the one node: if it went, so did we
 
     def adopt_orphans(self) -> None:
-        become_subreaper()
+        keeper.become_subreaper()  # a keeper killed with its supervisor alive orphans torchrun
 
     def end_orphans(self) -> None:
         """Kill anything still below us (workers re-parented to us as subreaper).
@@ -196,17 +203,12 @@ class LocalBackend:
         return ADDRESS
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
-        """Start `argv` (never through a shell) in a new session, merging stderr into stdout.
-
-        The process gets SIGTERM if its parent (the supervisor) dies, however it dies: torchrun
-        then ends its workers, so a killed supervisor does not leave a job running on devices
-        the store has already freed.
-        """
-        proc = subprocess.Popen(
-            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=term_on_parent_death,
-        )
-        return Handle(proc)
+        """Start `argv` (never through a shell) under a keeper in a new session, merging
+        stderr into stdout. If we die, however we die, the keeper ends the whole tree
+        (backends/keeper.py says why not a parent-death signal on torchrun itself), so a
+        killed supervisor does not leave a job running on devices the store has freed."""
+        proc, lifeline = keeper.spawn(argv, env, cwd)
+        return Handle(proc, lifeline)
 
     def poll(self, handle: base.Handle) -> int | None:
         return handle.poll()
@@ -232,7 +234,7 @@ class LocalBackend:
         except BaseException:
             self.kill_tree(handle, grace_s=5.0)
             raise
-        return (out or b"").decode(errors="replace"), None if timed_out else handle.proc.returncode
+        return (out or b"").decode(errors="replace"), None if timed_out else handle.poll()
 
     def kill_tree(self, handle: base.Handle, grace_s: float = 10.0) -> None:
         """SIGTERM the tree, then SIGKILL whatever is still alive after `grace_s` seconds."""
@@ -242,27 +244,6 @@ class LocalBackend:
         # a worker started while we waited (torchrun restarting) is caught here too
         kill(list({p.pid: p for p in alive + _tree(handle.pid)}.values()))
         handle.wait(5.0)
-
-
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def become_subreaper() -> None:
-    """Orphaned workers (their torchrun died first) re-parent to us, so we can still end them."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def term_on_parent_death() -> None:
-    """Runs in the child between fork and exec (Linux): ask for SIGTERM when the parent dies."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signals.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def send_signal(procs: list[Any], sig: int) -> None:

@@ -12,8 +12,10 @@ takes them), and each agent runs that node's torchrun. The driver:
 - exits 0 when every node's torchrun did;
 - on SIGTERM ends every node (SIGTERM, then SIGKILL after a grace period).
 
-Actors belong to this driver: if the driver dies, however it dies, Ray ends them, and each agent's
-torchrun gets SIGTERM when its agent dies (parent-death signal), so no worker outlives the job.
+Actors belong to this driver: if the driver dies, however it dies, Ray ends them, and each agent
+runs its torchrun under a keeper (backends/keeper.py) that ends the node's whole tree when its
+agent dies, so no worker outlives the job. (A parent-death signal on torchrun itself would fire
+once per thread of the dying actor process, and a few SIGTERMs in a row can hang torchrun.)
 The agents also sample their node's devices once a second and send the samples to the
 supervisor's report address, as workers send their reports, signed with the job's key: the
 driver has it in its environment ($GPUFLEET_REPORT_KEY) and hands it to each agent with the
@@ -36,8 +38,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from gpufleet.backends import keeper
 from gpufleet.backends.exits import NODE_LOST_EXIT
-from gpufleet.backends.local import term_on_parent_death
 from gpufleet.reportauth import KEY_ENV, Signer, signer_from_env
 
 PLACE_FAILED_EXIT = 70
@@ -51,6 +53,7 @@ class NodeAgent:
     def __init__(self, node: str, report_addr: str):
         self.node, self.report_addr = node, report_addr
         self.proc: subprocess.Popen[bytes] | None = None
+        self.lifeline: int | None = None  # the write end of the keeper's lifeline, held for good
         self.lines: deque[str] = deque(maxlen=100_000)
         self.reader: threading.Thread | None = None
         self.stopping = threading.Event()
@@ -64,10 +67,8 @@ class NodeAgent:
         if argv and argv[0] == "{python}":
             argv = [sys.executable, *argv[1:]]  # this node's interpreter, not the driver's
         self.signer = signer_from_env(env)
-        self.proc = subprocess.Popen(
-            argv, env={**os.environ, **env}, cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=term_on_parent_death)
+        # the lifeline's write end stays open in this actor process for as long as it lives
+        self.proc, self.lifeline = keeper.spawn(argv, {**os.environ, **env}, cwd)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         threading.Thread(target=self._sample, args=(sampling,), daemon=True).start()

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.errors import ConflictError, NotFoundError, SpecError
-from gpufleet.lifecycle import clusters, owners
+from gpufleet.lifecycle import clusters, leftovers, owners
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, JobStatus
 from gpufleet.spec import JobSpec, check_name
 from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
@@ -211,7 +211,12 @@ def reconcile(store: Store) -> None:
                                                     Cluster.owner_pid.is_not(None))).all())
     live = {j.id: supervisor_alive(j) for j in active if j.supervisor_pid is not None}
     for job in active:
-        if job.id in live and not live[job.id] and transition(store, job.id, *_gone_outcome(job)):
+        if job.id not in live or live[job.id]:
+            continue
+        # before the job is final (and so resumable), end what the kill left of its last run
+        assert job.supervisor_pid is not None
+        leftovers.end_run(leftovers.RunIdentity(job.name, job.job_dir, job.supervisor_pid))
+        if transition(store, job.id, *_gone_outcome(job)):
             free_own_cluster(store, job, keep=spec_of(job).keep)
     orphans = owners.orphaned(
         [owners.StartingJob(j.id, j.cluster_id, True, _holder(j.creator_pid, j.creator_started),

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from gpufleet.backends.base import RunRequest
 from gpufleet.errors import GpufleetError
 from gpufleet.launch.torchrun import JobContext, merge_env
-from gpufleet.lifecycle import clusters, jobs
+from gpufleet.lifecycle import clusters, jobs, leftovers
 from gpufleet.reportauth import KEY_ENV
 from gpufleet.store import Job
 from gpufleet.supervise import durable, elastic, outcome
@@ -97,7 +97,9 @@ class Effects:
             workers=action.workers, ctx=ctx, job_dir=job_dir,
             run_id=f"{sup.job.name}-{action.run}", survive_env=survive,
             cluster_name=sup.cluster.name, cluster_devices=sup.cluster.count))
-        env = merge_env(dict(os.environ), {**prepared.env, **survive}, spec.env)
+        # who started the run: `reconcile` ends only this supervisor's leftovers, not a resumed run
+        mine = leftovers.identity_env(sup.job.name, sup.job.job_dir, os.getpid())
+        env = merge_env(dict(os.environ), {**prepared.env, **survive, **mine}, spec.env)
         env[KEY_ENV] = sup.report_key  # after the user's env, and not in command.json
         for file_name, content in prepared.files.items():  # framework configs, a plan
             (job_dir / file_name).write_text(content)
