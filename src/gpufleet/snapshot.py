@@ -9,7 +9,7 @@ against the store's own rows.
 
 Served here: no clusters, or only stopped ones (`list --all`), with no job still active. A
 running cluster needs its pool's devices for its health, and an active job may need
-`jobs.reconcile` (its supervisor may have died): those go through the store.
+`reconcile.reconcile` (its supervisor may have died): those go through the store.
 """
 
 from __future__ import annotations

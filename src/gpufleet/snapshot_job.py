@@ -1,7 +1,7 @@
 """`status JOB` of an ended job read straight from the state file with stdlib `sqlite3`.
 
 Opening the store costs SQLAlchemy (half a second of CPU) and validating the stored spec costs
-Pydantic (almost as much), while an ended job needs neither: `jobs.refresh` only reconciles an
+Pydantic (almost as much), while an ended job needs neither: `reconcile.refresh` only reconciles an
 active job, and nothing writes under a job that has ended. `job_detail` builds the same dict as
 `views.job_detail` through the same pure `supervise.view.job_view`, from plain rows; it returns
 None, and the caller opens the store as before, for: no state file, another schema version, an

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select
 
 from gpufleet.errors import NotFoundError
-from gpufleet.lifecycle import clusters, jobs
+from gpufleet.lifecycle import clusters, jobs, reconcile
 from gpufleet.plan import cost
 from gpufleet.pool.model import Node
 from gpufleet.store import Cluster, Job, Store
@@ -71,7 +71,7 @@ def views(store: Store, now: float, limit: int = 200,
 def job_detail(store: Store, name: str, now: float) -> dict[str, Any]:
     """One job: its view's fields (progress, cost, ETA, projected cost) at the top, then its
     cluster, events, findings, and the newest value of every device and rank series."""
-    j = jobs.refresh(store, name)
+    j = reconcile.refresh(store, name)
     with store.read() as s:
         c = s.get(Cluster, j.cluster_id)
     if c is None:

@@ -180,7 +180,7 @@ def logs(
 ) -> None:
     """A job's output, every rank's lines prefixed by their rank, or one rank with --rank."""
     from gpufleet.errors import NotFoundError
-    from gpufleet.lifecycle import jobs
+    from gpufleet.lifecycle import jobs, reconcile
 
     st = store()
     j = jobs.get(st, job)
@@ -198,7 +198,7 @@ def logs(
             sys.stdout.flush()
         if not follow:
             return
-        if jobs.refresh(st, job).status not in jobs.ACTIVE:
+        if reconcile.refresh(st, job).status not in jobs.ACTIVE:
             if path.exists() and path.stat().st_size > pos:
                 continue
             return

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.errors import AllocationError
-from gpufleet.lifecycle import clusters, jobs, pools
+from gpufleet.lifecycle import clusters, pools, reconcile
 from gpufleet.pool.model import Placement
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Store
@@ -34,7 +34,7 @@ Approve = Callable[[Offer], None]
 def open_store() -> Store:
     """The state file, with jobs whose supervisor died already recorded as ended."""
     store = Store()
-    jobs.reconcile(store)
+    reconcile.reconcile(store)
     return store
 
 

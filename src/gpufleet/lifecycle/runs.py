@@ -2,7 +2,7 @@
 
 The supervisor is either a detached process of its own (`start_detached`) or this process
 (`supervise_here`, with callbacks for a live view); either way its pid is in the store at once,
-so a supervisor that dies at any point is found by `jobs.reconcile`.
+so a supervisor that dies at any point is found by `reconcile.reconcile`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from gpufleet.errors import ConflictError, NotFoundError
-from gpufleet.lifecycle import clusters, jobs
+from gpufleet.lifecycle import clusters, jobs, reconcile
 from gpufleet.lifecycle.provision import backend_of
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.plan import cost
@@ -61,23 +61,23 @@ def supervise_here(store: Store, job: Job, cluster: Cluster, cpu_slots: int | No
 
 def stop_job(store: Store, job: Job, timeout_s: float = 30.0) -> Job:
     """Ask the job's supervisor to stop it and wait until it has; the job as it ended."""
-    j = jobs.refresh(store, job.name)  # as it is now, not as the caller first read it
+    j = reconcile.refresh(store, job.name)  # as it is now, not as the caller first read it
     if j.status not in jobs.ACTIVE:
         return j
     if j.supervisor_pid is None:  # created a moment ago: its supervisor sees this and backs off
         if jobs.transition(store, j.id, JobStatus.STOPPED,
                            f"{jobs.STOP_REQUESTED} before it started", expect=(JobStatus.STARTING,)):
-            jobs.free_own_cluster(store, j, keep=False)  # it never ran: nothing to keep
+            reconcile.free_own_cluster(store, j, keep=False)  # it never ran: nothing to keep
         return jobs.get(store, j.name)
     jobs.mark_stop_requested(store, j.id)
     try:
         os.kill(j.supervisor_pid, signal.SIGTERM)
     except ProcessLookupError:  # it ended between our look and the signal
-        jobs.reconcile(store)
+        reconcile.reconcile(store)
         return jobs.get(store, j.name)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        now = jobs.refresh(store, j.name)
+        now = reconcile.refresh(store, j.name)
         if now.status not in jobs.ACTIVE:
             return now
         time.sleep(0.2)
