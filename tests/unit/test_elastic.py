@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gpufleet.supervise.elastic import Policy, decide, grad_accum, sizes
+import pytest
+
+from gpufleet.supervise.elastic import Policy, decide, grad_accum, mean_utilization, sizes
 
 NOW = 1_000.0
 POLICY = Policy(min_workers=2, max_workers=8, scale_up_util=0.9, scale_down_util=0.5, cooldown_s=60.0)
@@ -143,3 +145,9 @@ def test_at_min_size_no_scale_down() -> None:
 
 def test_at_max_size_no_scale_up() -> None:
     assert run(samples(1.0), workers=8, free=100).workers == 8
+
+
+def test_mean_utilization_averages_devices_per_second_since_training_began() -> None:
+    by_device = {"cpu0": [(9.0, 0.1), (10.2, 0.8), (11.0, 0.6)], "cpu1": [(10.4, 0.4), (11.1, 1.0)]}
+    assert mean_utilization(by_device, since=10.0) == ((10, pytest.approx(0.6)), (11, 0.8))
+    assert mean_utilization({}, since=0.0) == ()

@@ -10,8 +10,9 @@ the pool does not have.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpufleet.spec import JobSpec
 
@@ -92,3 +93,15 @@ def _fits(spec: JobSpec, workers: int) -> bool:
     except ValueError:
         return False
     return True
+
+
+def mean_utilization(by_device: Mapping[Any, Sequence[tuple[float, float]]],
+                     since: float) -> tuple[tuple[float, float], ...]:
+    """The mean utilization over the job's devices, per whole second since `since` (training
+    started): the series an elastic decision reads."""
+    by_time: dict[float, list[float]] = {}
+    for points in by_device.values():
+        for t, v in points:
+            if t >= since:
+                by_time.setdefault(round(t), []).append(v)
+    return tuple(sorted((t, sum(vs) / len(vs)) for t, vs in by_time.items()))

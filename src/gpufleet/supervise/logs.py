@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -142,3 +143,21 @@ def failed_rank(agent_lines: list[str],
     primary = [r for r in with_tb if not any(_KNOCK_ON.search(ln) for ln in rank_tails[r])]
     rank = primary[0] if primary else root if root is not None else with_tb[0] if with_tb else None
     return rank, codes.get(rank) if rank is not None else None
+
+
+def pump(stdout: IO[bytes], sink: LogSink, echo: Callable[[int | None, str], None] | None,
+         stopping: Callable[[], bool]) -> None:
+    """Copy the workers' combined output into the logs until it ends, echoing each line (with
+    its rank) to `echo` unless the job is being stopped."""
+    for raw in iter(stdout.readline, b""):
+        # Keep draining whatever happens below: a full pipe would stall every worker.
+        try:
+            rank, text = sink.write(raw.decode("utf-8", "replace"))
+        except OSError:  # disk full: the line is lost, the job goes on
+            continue
+        # after a stop, torchrun's own shutdown traceback is noise: it stays in the logs only
+        if echo is not None and not stopping():
+            try:
+                echo(rank, text.rstrip("\n"))
+            except Exception:  # the terminal went away (`| head`, closed pipe): stop echoing
+                echo = None

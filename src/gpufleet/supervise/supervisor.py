@@ -22,19 +22,17 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
 from gpufleet.backends.base import Backend, Handle
 from gpufleet.lifecycle import jobs
 from gpufleet.lifecycle.status import JobStatus
-from gpufleet.reportauth import KEY_ENV, new_key
+from gpufleet.reportauth import new_key
 from gpufleet.store import Cluster, Job, Metric, Store
 from gpufleet.supervise import events as ev
-from gpufleet.supervise import machine
+from gpufleet.supervise import machine, report_port
 from gpufleet.supervise.actions import Effects
-from gpufleet.supervise.elastic import elastic_plan
+from gpufleet.supervise.elastic import elastic_plan, mean_utilization
 from gpufleet.supervise.intake import Intake, opt_number
-from gpufleet.supervise.logs import LogSink, last_exception
+from gpufleet.supervise.logs import LogSink, last_exception, pump
 from gpufleet.supervise.store_watch import StoreLost, StoreWatch
 from gpufleet.supervise.telemetry import TelemetryState
 from gpufleet.supervise.view import JobView, job_view
@@ -136,7 +134,7 @@ class Supervisor:
         job_dir = Path(self.job.job_dir)
         try:
             self.sink = LogSink(job_dir, self.job.world_size)
-            self.sock = _report_socket(self.backend.report_host())
+            self.sock = report_port.open_socket(self.backend.report_host())
             # Claim the job before starting anything: if `gpufleet stop` got here first (the job
             # is no longer 'starting', or its cluster was stopped), start nothing.
             if jobs.begin_running(self.store, self.job.id, self.cluster.id,
@@ -233,13 +231,8 @@ class Supervisor:
 
     def _tick(self, now: float) -> ev.Tick:
         state = self.state
-        stopped: dict[int, bool] = {}
-        if machine.needs_process_states(state, now):
-            for rank, pid in self.intake.worker_pids.items():
-                try:
-                    stopped[rank] = psutil.Process(pid).status() == psutil.STATUS_STOPPED
-                except psutil.Error:
-                    stopped[rank] = False
+        stopped = report_port.stopped(self.intake.worker_pids) \
+            if machine.needs_process_states(state, now) else {}
         util = self._utilization(now)
         free = self.effects.free_devices() if machine.needs_free_devices(state, now, util) \
             else None
@@ -252,12 +245,7 @@ class Supervisor:
         if self.policy is None or since is None or \
                 now - self.state.last_policy < machine.POLICY_EVERY_S:
             return ()
-        by_time: dict[float, list[float]] = {}
-        for points in self.recent.snapshot(now).get("gpu_utilization", {}).values():
-            for t, v in points:
-                if t >= since:
-                    by_time.setdefault(round(t), []).append(v)
-        return tuple(sorted((t, sum(vs) / len(vs)) for t, vs in by_time.items()))
+        return mean_utilization(self.recent.snapshot(now).get("gpu_utilization", {}), since)
 
     def _exited(self, code: int, sock: socket.socket) -> None:
         self.end_workers(10.0)
@@ -277,11 +265,7 @@ class Supervisor:
                                    "\n".join(last), node_lost=lost is not None))
 
     def _drain(self, sock: socket.socket) -> None:
-        while True:
-            try:
-                data = sock.recv(65536)
-            except (BlockingIOError, OSError):
-                break
+        for data in report_port.pending(sock):
             for item in self.intake.datagram(data, self._pid_ok):
                 if isinstance(item, ev.RecordEvent):
                     self.effects.do(item)
@@ -297,15 +281,7 @@ class Supervisor:
             self.effects.do(record)
 
     def _pid_ok(self, pid: int) -> bool:
-        """A reported pid is taken (for the hang check's stopped test and CPU telemetry) only
-        if it is a process here holding this job's key: a signed report can still carry a
-        wrong pid (a script's bug), and sampling a stranger's process would be worse."""
-        if not self.backend.pids_here:
-            return False
-        try:
-            return psutil.Process(pid).environ().get(KEY_ENV) == self.report_key
-        except psutil.Error:
-            return False
+        return self.backend.pids_here and report_port.holds_key(pid, self.report_key)
 
     def end_workers(self, grace_s: float) -> None:
         """Stop sampling and end this run's process tree (a stopped process too: SIGKILL
@@ -321,30 +297,7 @@ class Supervisor:
 
     def read_output(self, handle: Handle, sink: LogSink) -> None:
         assert handle.stdout is not None
-        echo = self.on_line
-        for raw in iter(handle.stdout.readline, b""):
-            # Keep draining whatever happens below: a full pipe would stall every worker.
-            try:
-                rank, text = sink.write(raw.decode("utf-8", "replace"))
-            except OSError:  # disk full: the line is lost, the job goes on
-                continue
-            # after a stop, torchrun's own shutdown traceback is noise: it stays in the logs only
-            if echo is not None and not self.stopping():
-                try:
-                    echo(rank, text.rstrip("\n"))
-                except Exception:  # the terminal went away (`| head`, closed pipe): stop echoing
-                    echo = None
-
-
-def _report_socket(host: str = "127.0.0.1") -> socket.socket:
-    """The UDP socket workers report to, on a free port of `host`, with a large receive buffer
-    so a burst of reports waits in the kernel while we write to the store."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    sock.bind((host, 0))
-    sock.setblocking(False)
-    return sock
+        pump(handle.stdout, sink, self.on_line, self.stopping)
 
 
 def main(argv: list[str] | None = None) -> int:
