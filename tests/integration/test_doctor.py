@@ -37,7 +37,8 @@ def test_doctor_on_this_host(fleet: Fleet) -> None:
     assert r.returncode == (1 if failed else 0), r.stdout + r.stderr
     checks = by_name(report)
     assert list(checks) == ["devices", "versions", "bf16", "topology", "nccl-env", "shm",
-                            "open-files", "disk", "all-reduce"]
+                            "open-files", "disk", "all-reduce", "state-file"]
+    assert checks["state-file"]["status"] == "pass", checks["state-file"]
     assert sum(report["summary"].values()) == len(checks)
     for c in checks.values():
         assert c["status"] in ("pass", "warn", "fail")

@@ -50,17 +50,17 @@ def state_facts(path: Path) -> StateFacts:
 def state_file_check(f: StateFacts) -> Check:
     data = {"path": f.path, "quick_check": list(f.quick_check)}
     if f.open_problem is not None:
-        return Check("state file", "fail", f.open_problem.split(";")[0], _fix(f), data)
+        return Check("state-file", "fail", f.open_problem.split(";")[0], _fix(f), data)
     if not f.exists or (not f.quick_check and f.error is None):
-        return Check("state file", "pass", f"{f.path}: none yet (made by the first command)",
+        return Check("state-file", "pass", f"{f.path}: none yet (made by the first command)",
                      data=data)
     if f.error is not None:
-        return Check("state file", "fail", f"{f.path}: SQLite cannot read it: {excerpt(f.error)}",
+        return Check("state-file", "fail", f"{f.path}: SQLite cannot read it: {excerpt(f.error)}",
                      _fix(f), data)
     if f.quick_check == ("ok",):
-        return Check("state file", "pass", f"{f.path}: intact (PRAGMA quick_check)", data=data)
+        return Check("state-file", "pass", f"{f.path}: intact (PRAGMA quick_check)", data=data)
     found = "; ".join(excerpt(r) for r in f.quick_check)
-    return Check("state file", "fail", f"{f.path}: damaged: {found}", _fix(f), data)
+    return Check("state-file", "fail", f"{f.path}: damaged: {found}", _fix(f), data)
 
 
 def _fix(f: StateFacts) -> str:
