@@ -66,23 +66,24 @@ def test_state_is_private_to_its_owner(fleet: Fleet, tmp_path: Path) -> None:
     assert _mode(fleet.home / "clusters" / "priv") == 0o700
     fleet.ok("stop", "priv")
 
-    # One that already exists with loose permissions is tightened on first use, even under a
-    # permissive umask.
-    loose = Fleet(tmp_path / "loose", tmp_path / "cwd", slots=2)
-    loose.home.mkdir(mode=0o777)
-    loose.home.chmod(0o777)
-    db = loose.home / "state.db"
+    # One the user made already is used as it is (gpufleet changes the mode only of folders it
+    # creates; one other users may write to is refused: test_state_guards.py). A state file in
+    # it with loose permissions loses its group and other bits, even under a permissive umask.
+    mine = Fleet(tmp_path / "mine", tmp_path / "cwd", slots=2)
+    mine.home.mkdir()
+    mine.home.chmod(0o750)
+    db = mine.home / "state.db"
     db.touch()
     db.chmod(0o666)
-    r = subprocess.run([*CLI, "list", "--json"], env=loose.env(), cwd=loose.cwd, stdin=subprocess.DEVNULL,
+    r = subprocess.run([*CLI, "list", "--json"], env=mine.env(), cwd=mine.cwd, stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=60, preexec_fn=lambda: os.umask(0))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == []
-    assert _mode(loose.home) == 0o700
+    assert _mode(mine.home) == 0o750
     assert _mode(db) == 0o600
     for extra in ("state.db-wal", "state.db-shm"):
-        if (loose.home / extra).exists():
-            assert _mode(loose.home / extra) & 0o077 == 0, extra
+        if (mine.home / extra).exists():
+            assert _mode(mine.home / extra) & 0o077 == 0, extra
 
 
 _IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|(\s*)(\S+)$")
