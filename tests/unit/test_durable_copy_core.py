@@ -171,3 +171,9 @@ def test_the_durable_copy_is_behind_after_a_failed_copy_until_a_later_one_works(
 def test_no_copy_events_means_no_durable_copy_to_speak_of() -> None:
     assert durable.state([("checkpoint", "step 10 saved"), ("resumed", "from step 10")]) is None
     assert durable.of_rows([]) is None
+
+
+def test_restrict_after_rank_0_renamed_the_partial_folder_on_shared_storage(tmp_path: Path) -> None:
+    """Nodes sharing one file system (NFS, or a Ray pool on one host): another node's first rank
+    restricts a partial folder rank 0 has already made final; that is not an error."""
+    ckpt_modes.restrict(tmp_path / "step-00000005.partial", private=True)  # gone: no raise

@@ -15,6 +15,7 @@ folders created here are restricted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -59,10 +60,17 @@ def restrict(folder: Path, private: bool) -> None:
     """A checkpoint folder we made, and the files in it, owner-only (no-op when shared)."""
     if not private:
         return
-    folder.chmod(DIR_MODE)
-    for p in folder.iterdir():
-        if p.is_file() and not p.is_symlink():
-            p.chmod(FILE_MODE)
+    try:
+        folder.chmod(DIR_MODE)
+        entries = list(folder.iterdir())
+    except FileNotFoundError:
+        # storage shared between nodes (NFS, or nodes on one host): rank 0 renamed the partial
+        # folder already, after restricting every file in it itself
+        return
+    for p in entries:
+        with contextlib.suppress(FileNotFoundError):
+            if p.is_file() and not p.is_symlink():
+                p.chmod(FILE_MODE)
 
 
 def copy_file(src: Path, dest: Path, private: bool) -> None:
