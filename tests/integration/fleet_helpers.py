@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,8 @@ EXAMPLES = ROOT / "examples"
 WORKERS = Path(__file__).resolve().parent / "workers"
 CLI = [sys.executable, "-m", "gpufleet.cli"]
 DEFAULT_TIMEOUT = 60
+CLI_EVERY_S = 5.0  # how often a wait asks the CLI even when the state file says nothing new
+ACTIVE = ("starting", "running", "restarting", "resizing")
 
 
 def _base_env() -> dict[str, str]:
@@ -117,24 +121,56 @@ class Fleet:
     def status(self, job: str) -> dict[str, Any]:
         return self.json("status", job, "--json")
 
-    def wait_for_step(self, job: str, step: int = 1, timeout: float = 90.0,
-                      proc: subprocess.Popen[str] | None = None) -> dict[str, Any]:
-        """Poll `status --json` until the job's rank 0 has reported `step`."""
+    def peek(self, job: str) -> dict[str, Any] | None:
+        """The job's status and step read straight from the state file (sqlite3, read-only), or
+        None if it cannot be read now. A poll that costs nothing: `status --json` on an active
+        job is a CLI start costing about 1.5 s of CPU, which a job being waited for on two cores
+        would lose. It never reconciles, so the waits below still ask the CLI now and then
+        (a supervisor that died is found only that way) and always at the end."""
+        try:
+            db = sqlite3.connect(f"file:{self.home / 'state.db'}?mode=ro", uri=True, timeout=1)
+            try:
+                row = db.execute("SELECT status, step FROM jobs WHERE name = ?", (job,)).fetchone()
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return None
+        return None if row is None else {"status": row[0], "step": row[1]}
+
+    def _poll(self, job: str, done: Callable[[dict[str, Any]], bool], timeout: float,
+              proc: subprocess.Popen[str] | None = None) -> dict[str, Any]:
+        """Wait until `done(status)` holds for the CLI's `status --json` of `job`; peek in
+        between (see `peek`), ask the CLI when the peek says so or every few seconds."""
         deadline = time.monotonic() + timeout
+        asked = time.monotonic()
         last: dict[str, Any] = {}
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
                 out, err = proc.communicate()
                 pytest.fail(f"gpufleet ended early ({proc.returncode}) waiting for {job}:\n{out}\n{err}")
-            r = self("status", job, "--json")
-            if r.returncode == 0:
-                last = json.loads(r.stdout)
-                if (last.get("step") or 0) >= step and last["status"] == "running":
-                    return last
-                if last["status"] not in ("starting", "running"):
-                    pytest.fail(f"job {job} ended while waiting for step {step}: {last}")
+            seen = self.peek(job)
+            if seen is None or done(seen) or time.monotonic() - asked >= CLI_EVERY_S:
+                asked = time.monotonic()
+                r = self("status", job, "--json")
+                if r.returncode == 0:
+                    last = json.loads(r.stdout)
+                    if done(last):
+                        return last
             time.sleep(0.3)
-        pytest.fail(f"job {job} did not reach step {step} in {timeout}s: {last}")
+        pytest.fail(f"job {job}: not reached in {timeout}s: {last}")
+
+    def wait_for_step(self, job: str, step: int = 1, timeout: float = 90.0,
+                      proc: subprocess.Popen[str] | None = None) -> dict[str, Any]:
+        """Wait until the job's rank 0 has reported `step` (it must still be running then)."""
+        def reached(s: dict[str, Any]) -> bool:
+            if s["status"] not in ("starting", "running"):
+                pytest.fail(f"job {job} ended while waiting for step {step}: {s}")
+            return (s.get("step") or 0) >= step and s["status"] == "running"
+        return self._poll(job, reached, timeout, proc)
+
+    def wait_ended(self, job: str, timeout: float = 120.0) -> dict[str, Any]:
+        """Wait until the job has a final status; its `status --json` then."""
+        return self._poll(job, lambda s: s["status"] not in ACTIVE, timeout)
 
     def cleanup(self) -> list[str]:
         """Stop every cluster (and so every job) of this home; return processes left behind."""

@@ -283,10 +283,7 @@ def test_two_node_ddp_gpt_through_ray_fails_fast_on_a_lost_node_and_continues(
     killed_at = time.time()
     ray_local.kill_node(ray_pool.cfg, victim)
     try:
-        deadline = time.monotonic() + 300
-        while (st := rfleet.status("gpt2n"))["status"] in ("starting", "running", "restarting"):
-            assert time.monotonic() < deadline, st
-            time.sleep(1.0)
+        st = rfleet.wait_ended("gpt2n", 300)
         events = _events(rfleet, "gpt2n")
         kinds = [e["kind"] for e in events]
         failed = next(e for e in events if e["kind"] == "worker_failed")

@@ -29,15 +29,13 @@ def test_a_run_killed_during_start_up_frees_what_it_reserved(fleet: Fleet) -> No
         proc = _cut(fleet, point, f"cut-{point}")
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == -9, err  # it died where we meant it to, not on an error
-        # the next command sees the holder gone and frees its cluster (it would stay 'running')
+        # the next command sees the holder gone and frees its cluster (it would stay 'running',
+        # holding both slots: every later run refused)
         assert fleet.clusters() == [], point
         if point == "created":
             s = fleet.status("cut-created")
             assert s["status"] == "interrupted", s
             assert "ended before its supervisor started" in s["reason"], s["reason"]
-        # every slot is free again: a cluster of the whole pool can be made
-        fleet.ok("launch", "--gpu", "cpu", "--count", "2", "--name", f"after-{point}", "-y")
-        fleet.ok("stop", f"after-{point}", "-y")
 
 
 def test_stop_of_a_job_whose_supervisor_never_started_frees_its_cluster(fleet: Fleet) -> None:

@@ -70,13 +70,7 @@ def rank_pid(home: Path, rank: int) -> int:
 
 
 def wait_done(fleet: Fleet, job: str, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = fleet.status(job)
-        if s["status"] not in ("starting", "running", "restarting", "resizing"):
-            return s
-        time.sleep(0.5)
-    pytest.fail(f"job {job} did not end in {timeout}s: {fleet.status(job)}")
+    return fleet.wait_ended(job, timeout)
 
 
 def kinds(status: dict[str, Any]) -> list[str]:
