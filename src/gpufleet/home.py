@@ -3,8 +3,9 @@
 It holds the state file, job logs, checkpoints and tokens, all meant for its owner alone. So a
 folder gpufleet creates is made owner-only (0700), and a folder that already exists is used as
 it is, never chmod-ed: pointing GPUFLEET_HOME at a shared folder (a 1777 /tmp, a team folder)
-must not lock everyone else out of it. Such a folder is refused instead, as is a symbolic link
-(what it points to can be changed under us) and a folder of another user.
+must not lock everyone else out of it. Such a folder is refused instead, as is a folder of
+another user. A symbolic link (~/.gpufleet on a scratch disk) is judged by the folder it points
+to, and must be the user's own link: someone else's could be pointed elsewhere under us.
 
 `home_problem` is the decision, on facts `folder_facts` reads with one lstat; stdlib only, so
 the fast read paths (`snapshot`) can check the folder as cheaply as the store does.
@@ -39,32 +40,43 @@ def home_path() -> Path:
     return Path(os.environ.get("GPUFLEET_HOME") or Path.home() / ".gpufleet").expanduser()
 
 
-def folder_facts(path: Path) -> FolderFacts:
+def folder_facts(path: Path, follow: bool = False) -> FolderFacts:
     try:
-        st = path.lstat()
-    except FileNotFoundError:
+        st = path.stat() if follow else path.lstat()
+    except (FileNotFoundError, NotADirectoryError):
         return FolderFacts(exists=False)
+    except OSError:
+        if not follow:
+            raise
+        return FolderFacts(exists=False)  # a loop of links: nothing to use
     return FolderFacts(True, stat.S_ISLNK(st.st_mode), stat.S_ISDIR(st.st_mode),
                        stat.S_IMODE(st.st_mode), st.st_uid)
 
 
-def home_problem(home: Path, facts: FolderFacts, my_uid: int) -> str | None:
+def home_problem(home: Path, facts: FolderFacts, my_uid: int,
+                 target: FolderFacts | None = None, shown: str | None = None) -> str | None:
     """Why `home` cannot be the state folder (one line: why, and what to do), or None when it
     can: missing (it will be created owner-only) or an existing folder of `my_uid`'s that no
-    one else can write to (group/other write bits clear), whatever its other bits."""
+    one else can write to (group/other write bits clear), whatever its other bits. For a
+    symbolic link, `target` is what it points to (`stat`, following it)."""
     if not facts.exists:
         return None
+    name = shown or str(home)
     fix = f"set GPUFLEET_HOME to a new path (gpufleet creates it owner-only), e.g. {home}/gpufleet"
     if facts.is_symlink:
-        return (f"GPUFLEET_HOME: {home} is a symbolic link; point GPUFLEET_HOME at a real "
-                f"folder of yours, or at a new path (gpufleet creates it owner-only)")
+        if facts.owner_uid != my_uid:
+            return (f"GPUFLEET_HOME: {home} is a symbolic link of another user (uid "
+                    f"{facts.owner_uid}), who could point it elsewhere; {fix}")
+        if target is None or not target.exists:
+            return f"GPUFLEET_HOME: {home} is a symbolic link to nothing; {fix}"
+        return home_problem(home, target, my_uid, shown=f"{home} (a link to {home.resolve()})")
     if not facts.is_dir:
-        return f"GPUFLEET_HOME: {home} is not a folder; {fix}"
+        return f"GPUFLEET_HOME: {name} is not a folder; {fix}"
     if facts.mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"GPUFLEET_HOME: {home} can be written by other users (mode "
+        return (f"GPUFLEET_HOME: {name} can be written by other users (mode "
                 f"{facts.mode:04o}) and gpufleet keeps its state owner-only; {fix}")
     if facts.owner_uid != my_uid:
-        return (f"GPUFLEET_HOME: {home} belongs to another user (uid {facts.owner_uid}); "
+        return (f"GPUFLEET_HOME: {name} belongs to another user (uid {facts.owner_uid}); "
                 f"{fix}")
     return None
 
@@ -72,7 +84,9 @@ def home_problem(home: Path, facts: FolderFacts, my_uid: int) -> str | None:
 def checked_home() -> Path:
     """The state folder, refused (StateError) when it may not be used; nothing is created."""
     home = home_path()
-    problem = home_problem(home, folder_facts(home), os.getuid())
+    facts = folder_facts(home)
+    target = folder_facts(home, follow=True) if facts.is_symlink else None
+    problem = home_problem(home, facts, os.getuid(), target)
     if problem is not None:
         raise StateError(problem)
     return home

@@ -47,17 +47,22 @@ def test_shared_or_linked_home_is_refused_and_left_as_it_was(fleet: Fleet, tmp_p
     shared.mkdir()
     shared.chmod(0o1777)
     link = tmp_path / "link"
-    link.symlink_to(fleet.home.parent / "elsewhere", target_is_directory=True)
+    link.symlink_to(shared, target_is_directory=True)
     (fleet.home.parent / "elsewhere").mkdir(mode=0o700)
     for home, why in ((shared, "can be written by other users (mode 1777)"),
-                      (link, "is a symbolic link")):
+                      (link, "(a link to")):
         for args in (("list",), ("launch", "--gpu", "cpu", "--count", "1", "-y")):
             r = fleet(*args, env={"GPUFLEET_HOME": str(home)})
             assert r.returncode == 2, (args, r.stdout, r.stderr)
             [line] = error_lines(r.stderr)
             assert line.startswith(f"error: GPUFLEET_HOME: {home} ") and why in line, line
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777 and list(shared.iterdir()) == []
-    assert list((fleet.home.parent / "elsewhere").iterdir()) == []
+    # a link of one's own to a private folder (~/.gpufleet on a scratch disk) is used
+    mine = tmp_path / "mine"
+    mine.symlink_to(fleet.home.parent / "elsewhere", target_is_directory=True)
+    assert fleet("list", "--json", env={"GPUFLEET_HOME": str(mine)}).returncode == 0
+    assert (fleet.home.parent / "elsewhere" / "state.db").exists()
+    assert stat.S_IMODE((fleet.home.parent / "elsewhere").stat().st_mode) == 0o700
     fresh = tmp_path / "new" / "home"
     fleet("list", env={"GPUFLEET_HOME": str(fresh)})
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o700

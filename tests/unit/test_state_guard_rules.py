@@ -64,7 +64,8 @@ HOME = Path("/srv/shared")
     (FolderFacts(True, False, True, 0o755, 1000), None),  # private enough: used as is
     (FolderFacts(True, False, True, 0o1777, 0), "can be written by other users (mode 1777)"),
     (FolderFacts(True, False, True, 0o770, 1000), "can be written by other users (mode 0770)"),
-    (FolderFacts(True, True, False, 0o777, 1000), "is a symbolic link"),
+    (FolderFacts(True, True, False, 0o777, 0), "is a symbolic link of another user (uid 0)"),
+    (FolderFacts(True, True, False, 0o777, 1000), "is a symbolic link to nothing"),
     (FolderFacts(True, False, True, 0o700, 0), "belongs to another user (uid 0)"),
     (FolderFacts(True, False, False, 0o600, 1000), "is not a folder"),
 ])
@@ -75,6 +76,15 @@ def test_which_state_folder_may_be_used(facts: FolderFacts, refused: str | None)
     else:
         assert problem is not None and problem.startswith(f"GPUFLEET_HOME: {HOME} ")
         assert refused in problem
+
+
+def test_a_link_of_ones_own_is_judged_by_the_folder_it_points_to() -> None:
+    link = FolderFacts(True, True, False, 0o777, 1000)
+    private = FolderFacts(True, False, True, 0o700, 1000)
+    assert home_problem(HOME, link, 1000, target=private) is None  # ~/.gpufleet on scratch
+    shared = FolderFacts(True, False, True, 0o1777, 0)
+    problem = home_problem(HOME, link, 1000, target=shared)
+    assert problem is not None and "(a link to" in problem and "mode 1777" in problem
 
 
 DB = Path("/h/state.db")
