@@ -191,13 +191,13 @@ def test_a_closed_connection_after_an_out_of_memory_is_its_echo_not_a_second_cau
 # paths shortened): rank 1's closed connection and torchrun's summary are knock-on effects
 PERMISSION_TAIL = (
     "[rank 0] Traceback (most recent call last):",
-    '[rank 0]   File "/work/job/train.py", line 41, in <module>',
+    '[rank 0]   File "/home/me/job/train.py", line 41, in <module>',
     "[rank 0]     ckpt.step(step)",
     '[rank 0]   File "/gpufleet/train/checkpointer.py", line 308, in save',
     "[rank 0]     ckpt_modes.make_dir(partial, self.private)",
     "[rank 0] PermissionError: [Errno 13] Permission denied: '/ckpt/step-00000005.partial'",
     "[rank 1] Traceback (most recent call last):",
-    '[rank 1]   File "/work/job/train.py", line 41, in <module>',
+    '[rank 1]   File "/home/me/job/train.py", line 41, in <module>',
     "[rank 1]     dist.barrier(group=g)",
     '[rank 1]   File "torch/distributed/distributed_c10d.py", line 5356, in barrier',
     "[rank 1]     work.wait()",
