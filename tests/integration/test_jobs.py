@@ -17,6 +17,8 @@ from fleet_helpers import EXAMPLES, WORKERS, Fleet, error_lines, wait_no_leftove
 SLEEPER = str(WORKERS / "sleeper.py")
 MLP = str(EXAMPLES / "mlp.py")
 GPT = str(EXAMPLES / "gpt.py")
+# The rules whose evidence is timing, which another process on the same cores can shift.
+LOAD_SENSITIVE_RULES = {"straggler", "data_loading", "scaling", "stalled"}
 # A GPT small enough for 2 CPU cores that its loss still falls clearly in 20 steps (5.4 -> ~3.3).
 GPT_ARGS = ["--steps", "20", "--batch-size", "16", "--seq-len", "32", "--dim", "64", "--heads", "2",
             "--layers", "1", "--max-bytes", "300000", "--val-windows", "8", "--sample-bytes", "10",
@@ -81,7 +83,12 @@ def test_gpt_job_trains_and_releases_its_cluster(gpt_run: GptRun) -> None:
     assert s["loss"] < s["first_loss"] - 0.5, f"loss did not fall: {s['first_loss']} -> {s['loss']}"
     assert s["samples_per_s"] > 0
     assert s["cost_usd"] > 0
-    assert [e["kind"] for e in s["events"]] == ["starting", "running", "succeeded"]
+    # On a busy machine (CI runs two test modules at once on two cores) a speed rule may see
+    # what truly happened, e.g. one rank descheduled into a straggler; that is a finding, not a
+    # fault. A fault rule firing on a clean run would be a bug.
+    assert {f["rule"] for f in s["findings"]} <= LOAD_SENSITIVE_RULES, s["findings"]
+    assert [e["kind"] for e in s["events"] if e["kind"] != "diagnosis"] == [
+        "starting", "running", "succeeded"]
 
     log = f.ok("logs", "gpt-job").stdout
     assert "all-reduce check passed" in log
