@@ -293,6 +293,10 @@ class JobSpec(_Spec):
     scale_down_util: float = Field(0.5, ge=0, lt=1)
     cooldown: str = "60s"
     keep: bool = False  # keep a cluster made for this job after the job ends
+    # the worker bootstrap (gpufleet/bootstrap): step reports, health, error records for any script
+    bootstrap: bool = True
+    total_steps: int | None = Field(None, ge=1)  # for the ETA; else read from the script's args
+    loss_pattern: str | None = None  # a regex whose first group is the loss in a log line
     workdir: str | None = None  # where the script runs; the submitting shell's folder by default
 
     @field_validator("name")

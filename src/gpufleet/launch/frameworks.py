@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from gpufleet.bootstrap import SITE_DIR
 from gpufleet.launch.env import device_env
 from gpufleet.launch.torchrun import LOG_PREFIX_TEMPLATE, JobContext
 from gpufleet.parallelism import Layout
@@ -118,8 +119,13 @@ def accelerate_config(layout: Layout, placement: Placement, nodes: int, rank: in
     return config
 
 
-def _job_env(layout: Layout, placement: Placement, ctx: JobContext, workers: int) -> dict[str, str]:
+def _job_env(layout: Layout, placement: Placement, ctx: JobContext, workers: int,
+             bootstrap: bool = True) -> dict[str, str]:
+    # The worker bootstrap (gpufleet/bootstrap): progress, health and error records for any
+    # script. Off, the variable still says so, so nothing below it arms.
+    boot = {"PYTHONPATH": str(SITE_DIR)} if bootstrap else {"GPUFLEET_BOOTSTRAP": "0"}
     return {
+        **boot,
         **device_env(placement, ctx.fabric, ctx.host_cpus, workers),
         **layout.to_env(),
         "GPUFLEET_JOB": ctx.job_name,
@@ -151,7 +157,7 @@ def build(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContext,
     """One node's command under the job's framework; `rdzv` for a node of a multi-node job
     (torchrun-launched frameworks only)."""
     workers = spec.workers_per_node or len(placement.devices)
-    env = _job_env(layout, placement, ctx, workers)
+    env = _job_env(layout, placement, ctx, workers, spec.bootstrap)
     python = ctx.python
     if rdzv is not None and spec.framework not in MULTI_NODE_FRAMEWORKS:
         raise ValueError(f"{spec.framework} does not run on several nodes here")

@@ -41,4 +41,7 @@ def merge_env(base: dict[str, str], gpufleet: dict[str, str], user: dict[str, st
         if key.startswith("GPUFLEET_") or key in _FORCED or key not in base:
             merged[key] = value
     merged.update(user)
+    if "PYTHONPATH" in gpufleet:  # the bootstrap's folder goes first; the caller's paths stay
+        rest = user.get("PYTHONPATH", base.get("PYTHONPATH", ""))
+        merged["PYTHONPATH"] = ":".join(p for p in (gpufleet["PYTHONPATH"], rest) if p)
     return merged

@@ -105,8 +105,12 @@ def prepare(model: nn.Module, optimizer: Any, loader: DataLoader[Any] | None = N
     """Wrap `model`, `optimizer` and `loader` for the job's layout (from its environment unless
     `layout` is given). Call after `train.setup()`, with the optimizer built on `model`'s
     parameters. Returns replacements for all three; use them, not the originals."""
+    from gpufleet.train.report import SDK, send_event
+
     world = _world_size()
     layout = layout or Layout.from_env(dict(os.environ), world)
+    SDK.used = True  # the worker bootstrap stops counting steps: the script reports
+    send_event("layout", applied=True, layout=layout.describe, world=world)
     if layout.world_size != world:
         raise ValueError(f"layout {layout.describe} needs {layout.world_size} ranks; "
                          f"the process group has {world}")

@@ -51,6 +51,14 @@ class _Reporter:
             pass  # supervisor gone or buffer full: drop, never block training
 
 
+class _Sdk:
+    """Whether this process uses the SDK (`prepare` or `report`): the worker bootstrap then
+    stops reporting optimizer steps, since the script's own reports are better."""
+
+    used = False
+
+
+SDK = _Sdk()
 _reporter: _Reporter | None = None
 
 
@@ -70,6 +78,15 @@ def report(step: int, *, loss: float | None = None, samples: int | None = None,
     Pass Python numbers: a CUDA tensor would make this call wait for the GPU (`float()` syncs),
     so take `loss.item()` only on the steps you report the loss, as examples/gpt.py does.
     """
+    SDK.used = True
+    progress(step, loss=loss, samples=samples, total_steps=total_steps, metrics=metrics)
+
+
+def progress(step: int, *, loss: float | None = None, samples: int | None = None,
+             total_steps: int | None = None, source: str | None = None,
+             metrics: dict[str, float] | None = None) -> None:
+    """`report` without marking the SDK as used: the worker bootstrap's reports
+    (`source="bootstrap"`, which the supervisor reads as steps counted from outside)."""
     global _reporter
     if _reporter is None:
         _reporter = _Reporter()
@@ -77,6 +94,8 @@ def report(step: int, *, loss: float | None = None, samples: int | None = None,
         return
     record: dict[str, Any] = {"t": time.time(), "rank": _reporter.rank, "step": int(step),
                               "pid": _reporter.pid}
+    if source is not None:
+        record["src"] = source
     if telemetry.ENABLED:
         record.update(telemetry.COUNTERS.take(int(step)))
     if loss is not None:
@@ -87,7 +106,7 @@ def report(step: int, *, loss: float | None = None, samples: int | None = None,
         record["samples_total"] = _reporter.samples_total
     if total_steps is not None:
         record["total_steps"] = int(total_steps)
-    for key, value in metrics.items():
+    for key, value in (metrics or {}).items():
         record[key] = float(value)
     _reporter.send(record)
 

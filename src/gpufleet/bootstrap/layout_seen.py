@@ -1,0 +1,85 @@
+"""What a script built for itself, seen from the inside at its first optimizer step.
+
+gpufleet records the layout it applied only when the script called `prepare`; otherwise the job
+records what the script did on its own: DDP (seen when a DistributedDataParallel is built), FSDP1
+(its flat parameters), FSDP2 or tensor parallel (DTensor parameters), DeepSpeed (an engine built
+by `deepspeed.initialize`), or none of these (each rank trains alone, or the script does
+something gpufleet cannot see).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from gpufleet.bootstrap import importwatch
+
+_BUILT: set[str] = set()  # wrappers the script constructed: "ddp", "deepspeed"
+
+
+def _wrap_init(cls: Any, label: str) -> None:
+    inner = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _BUILT.add(label)
+        inner(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+
+
+def _on_ddp(module: ModuleType) -> None:
+    _wrap_init(module.DistributedDataParallel, "ddp")
+
+
+def _on_deepspeed(module: ModuleType) -> None:
+    inner = getattr(module, "initialize", None)
+    if inner is None:
+        return
+
+    def initialize(*args: Any, **kwargs: Any) -> Any:
+        _BUILT.add("deepspeed")
+        return inner(*args, **kwargs)
+
+    module.initialize = initialize  # type: ignore[attr-defined]
+
+
+def watch() -> None:
+    importwatch.when_imported("torch.nn.parallel.distributed", _on_ddp)
+    importwatch.when_imported("deepspeed", _on_deepspeed)
+
+
+def _param_kinds(optimizer: Any) -> set[str]:
+    kinds: set[str] = set()
+    for group in getattr(optimizer, "param_groups", []):
+        for p in group.get("params", []):
+            name = type(p).__name__
+            if name == "DTensor":
+                kinds.add("dtensor")
+            elif name == "FlatParameter" or getattr(p, "_is_flat_param", False):
+                kinds.add("fsdp")
+    return kinds
+
+
+def own_layout(optimizer: Any, built: set[str], distributed: bool) -> str:
+    """The script's own layout, most specific first: FSDP2/DTensor, FSDP1, DeepSpeed, DDP, or
+    'none' (no wrapper gpufleet knows) and 'single' (no process group at all)."""
+    kinds = _param_kinds(optimizer)
+    if "dtensor" in kinds:
+        return "fsdp2" if "ddp" not in built else "dtensor"
+    if "fsdp" in kinds:
+        return "fsdp"
+    if "deepspeed" in built:
+        return "deepspeed"
+    if "ddp" in built:
+        return "ddp"
+    return "none" if distributed else "single"
+
+
+def describe(optimizer: Any) -> dict[str, Any]:
+    """The fields of the 'layout' note the first step sends."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    distributed = bool(dist is not None and dist.is_available() and dist.is_initialized())
+    world = dist.get_world_size() if distributed and dist is not None else 1
+    return {"applied": False, "own": own_layout(optimizer, _BUILT, distributed), "world": world}

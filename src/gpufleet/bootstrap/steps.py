@@ -1,0 +1,84 @@
+"""Progress for a script that never calls `gpufleet.train.report`: its optimizer steps.
+
+torch calls every global optimizer step post-hook after any optimizer's `step()`, so counting
+them needs no change to the script. One optimizer is followed (the first that steps; a GAN's
+second would count each step twice). Samples come from the DataLoaders the script iterates
+(the first dimension of each batch, times the world size: DistributedSampler gives every rank
+the same count); a script without a DataLoader (nanoGPT) reports steps only.
+
+`Steps` is the pure part: the clock and the sender are passed in, so it is tested without torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# Reports are cheap (one UDP datagram) but a script stepping 1000 times a second would still pay
+# for each; faster than this, steps are reported in batches (the per-step figures are averages).
+MIN_INTERVAL_S = 0.05
+
+Send = Callable[[int, "int | None"], None]  # (step, samples since the last report or None)
+
+
+@dataclass
+class Steps:
+    """Counts steps of one optimizer and decides when to report."""
+
+    send: Send
+    clock: Callable[[], float] = time.monotonic
+    world_size: int = 1
+    optimizer_id: int | None = None
+    step: int = 0
+    pending_samples: int = 0
+    saw_samples: bool = False
+    last_sent: float | None = None
+    stood_down: bool = False
+    stand_down_if: Callable[[], bool] = field(default=lambda: False)
+
+    def batch(self, size: int) -> None:
+        """A DataLoader on this rank yielded a batch of `size` samples."""
+        self.pending_samples += size
+        self.saw_samples = True
+
+    def stepped(self, optimizer: Any) -> None:
+        if self.stood_down:
+            return
+        if self.stand_down_if():  # the script reports through the SDK: its figures win
+            self.stood_down = True
+            return
+        if self.optimizer_id is None:
+            self.optimizer_id = id(optimizer)
+        elif id(optimizer) != self.optimizer_id:
+            return
+        self.step += 1
+        now = self.clock()
+        if self.last_sent is not None and now - self.last_sent < MIN_INTERVAL_S:
+            return
+        samples = self.pending_samples * self.world_size if self.saw_samples else None
+        self.pending_samples = 0
+        self.last_sent = now
+        self.send(self.step, samples)
+
+
+def batch_size(batch: Any, depth: int = 0) -> int | None:
+    """The first dimension of the first tensor in a batch (a tensor, a tuple/list of them, a dict
+    such as a tokenizer's output), or None when there is none."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) > 0 else None
+    if depth > 3:
+        return None
+    if isinstance(batch, dict):
+        items: Any = batch.values()
+    elif isinstance(batch, list | tuple):
+        items = batch
+    else:
+        return None
+    for item in items:
+        size = batch_size(item, depth + 1)
+        if size is not None:
+            return size
+    return None
