@@ -37,7 +37,7 @@ SPEC_FIELDS = frozenset({
     "script", "args", "name", "cluster", "workers_per_node", "strategy", "dp", "tp", "pp",
     "pp_schedule", "microbatches", "precision", "framework", "model", "env", "max_restarts",
     "hang_timeout", "cooldown", "checkpoint_to", "workers", "scale_up_util", "scale_down_util",
-    "keep", "workdir"})
+    "keep", "workdir", "bootstrap", "total_steps", "loss_pattern"})
 SPEC_WORDS = ("strategy", "pp_schedule", "precision", "framework")  # Literal[str] fields
 SPEC_INT_BOUNDS = {"dp": (1, 128), "tp": (1, 128), "pp": (1, 128), "microbatches": (1, 4096)}
 
@@ -66,6 +66,7 @@ class JobRow:
     first_step_at: float | None
     last_report_at: float | None
     reason: str | None
+    layout_seen: str | None
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 
 
 def layout_words(spec_json: str, world_size: int) -> str | None:
-    """`supervise.view._layout_words` without Pydantic, for a spec stored as this version's
+    """`supervise.view.requested_layout` without Pydantic, for a spec stored as this version's
     `JobSpec.model_dump_json` writes it: exactly its keys, a cluster named (a cluster spec would
     need the catalog's checks), and the layout fields of their exact types within the model's
     bounds. For such a spec the validated fields equal the stored ones, so `resolve` on them

@@ -328,6 +328,19 @@ class JobSpec(_Spec):
                              "pick devices with the cluster instead")
         return {k: str(val) for k, val in v.items()}
 
+    @field_validator("loss_pattern")
+    @classmethod
+    def _loss_pattern(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        try:
+            groups = re.compile(v).groups
+        except re.error as exc:
+            raise ValueError(f"not a regular expression ({exc})") from None
+        if groups < 1:
+            raise ValueError("needs a group around the number, e.g. 'loss=([0-9.]+)'")
+        return v
+
     @field_validator("hang_timeout", "cooldown", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> str:

@@ -131,7 +131,7 @@ def test_an_ended_job_reads_the_same_as_through_the_store(store: Store,
     _spec(strategy="zero1", tp=2),
 ])
 def test_layout_words_match_the_validated_spec(spec: str) -> None:
-    assert snapshot_job.layout_words(spec, 4) == view._layout_words(spec, 4)
+    assert snapshot_job.layout_words(spec, 4) == view.requested_layout(spec, 4)
 
 
 @pytest.mark.parametrize("spec", [

@@ -241,7 +241,8 @@ def test_throughput_without_samples() -> None:
     tp = Throughput()
     for r in reports([(0.0, 1), (1.0, 2), (2.0, 3)], samples=None):
         tp.add(r)
-    assert tp.samples_per_s() == 0.0
+    assert tp.samples_per_s() is None  # unknown, not zero: the script never said its samples
+    assert tp.overall_samples_per_s() is None
     assert tp.seconds_per_step() == pytest.approx(1.0)
 
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from gpufleet.store import Store
 
 CLUSTER, LAYOUT, PRECISION = "Cluster", "Layout", "Precision and framework"
-SURVIVAL, OUTPUT = "Survival", "Output"
+SURVIVAL, OUTPUT, PROGRESS = "Survival", "Output", "Progress of any script"
 RUN_PANELS = {
     **dict.fromkeys(("cluster", "gpu", "count", "network", "disk", "price_book", "nodes", "pool",
                      "cpu_slots", "keep"), CLUSTER),
@@ -50,6 +50,7 @@ RUN_PANELS = {
     **dict.fromkeys(("precision", "framework", "env"), PRECISION),
     **dict.fromkeys(("max_restarts", "hang_timeout", "checkpoint_to", "workers", "scale_up_util",
                      "scale_down_util", "cooldown", "resume"), SURVIVAL),
+    **dict.fromkeys(("total_steps", "loss_pattern", "bootstrap"), PROGRESS),
     **dict.fromkeys(("name", "file", "dry_run", "detach", "yes", "help"), OUTPUT),
 }
 
@@ -98,6 +99,15 @@ def run(
         "--cooldown", help="Wait after a start or resize before the next." + default("60s"))] = None,
     resume: Annotated[str | None, typer.Option(
         "--resume", help="Start an ended job again from its last checkpoint.")] = None,
+    total_steps: Annotated[int | None, typer.Option(
+        "--total-steps", help="Optimizer steps the script will take, for the ETA."
+        + default("the script's --max_steps/--max_iters, else unknown"))] = None,
+    loss_pattern: Annotated[str | None, typer.Option(
+        "--loss-pattern", help="Regex whose first group is the loss in the script's log lines."
+        + default("'loss 2.31', 'loss: 2.31', {'loss': 2.31}"))] = None,
+    bootstrap: Annotated[bool, typer.Option(
+        "--bootstrap/--no-bootstrap", help="Count optimizer steps and record errors in every "
+        "worker, for scripts that do not call gpufleet.train.report.")] = True,
     name: Annotated[str | None, typer.Option("--name", help="Job name.")] = None,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Job YAML.")] = None,
     dry_run: Annotated[bool, typer.Option(
@@ -124,7 +134,9 @@ def run(
              "precision": precision, "framework": framework, "max_restarts": max_restarts,
              "keep": keep or None, "hang_timeout": hang_timeout,
              "checkpoint_to": checkpoint_to, "workers": workers, "scale_up_util": scale_up_util,
-             "scale_down_util": scale_down_util, "cooldown": cooldown}
+             "scale_down_util": scale_down_util, "cooldown": cooldown,
+             "total_steps": total_steps, "loss_pattern": loss_pattern,
+             "bootstrap": None if bootstrap else False}
     inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
               "price_book": price_book, "nodes": nodes, "pool": pool}
     st, spec = _job_spec(file, script, list(ctx.args), env or [], flags, inline, cluster)

@@ -108,6 +108,9 @@ class Job(Base):
     first_step_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_report_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # "applied" (the script called gpufleet.train.prepare) or "own:KIND" (it ran as written;
+    # KIND what it built itself), from the bootstrap's note at the first step: see layout_use
+    layout_seen: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class Event(Base):

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from gpufleet import layout_use
 from gpufleet.reportauth import Rejection, Verifier
 from gpufleet.store import Cluster, Job, Metric, Store
 from gpufleet.supervise import durable, rejected
@@ -26,7 +27,7 @@ from gpufleet.telemetry.schema import DEVICE_METRICS, JOB_RANK
 
 _NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total", "pid")
 _PROGRESS = ("step", "total_steps", "samples", "loss", "first_loss", "samples_per_s",
-             "first_step", "first_step_at", "last_report_at")
+             "first_step", "first_step_at", "last_report_at", "layout_seen")
 
 
 def opt_number(kind: type[int] | type[float], value: Any) -> Any:
@@ -80,6 +81,11 @@ class Intake:
         self.progress_dirty = False
         self.samples_before = 0
         self.worker_pids: dict[int, int] = {}
+        # a rank's bootstrap armed (or a report came): this job reports its steps, so its
+        # silence means something (the stall rules judge only such jobs)
+        self.reports_expected = False
+        self.reported_loss = False  # a report carried the loss: log lines are not read for it
+        self.requested_layout: str | None = None  # the spec's layout in words, for the note
 
     def new_run(self) -> None:
         """Reports count from 0 in each run of the workers."""
@@ -98,6 +104,10 @@ class Intake:
             return []
         try:
             rec = json.loads(payload)
+            if rec.get("event") == "bootstrap":
+                self.reports_expected = True
+            if rec.get("event") == "layout":
+                return self._layout(rec)
             if "event" in rec:
                 note, record = note_of(rec, self.job.total_steps)
                 return [note] if record is None else [note, record]
@@ -107,6 +117,40 @@ class Intake:
             return [self._report(rec, pid_ok)]
         except (ValueError, TypeError, KeyError, OverflowError):
             return []
+
+    def _layout(self, rec: dict[str, Any]) -> list[Event | RecordEvent]:
+        """The first step's note of who set the layout up: recorded once per job (every rank
+        sends one; a restart's are the same script)."""
+        applied = bool(rec.get("applied"))
+        own = str(rec.get("own"))[:16] if rec.get("own") is not None else None
+        seen = layout_use.stored(applied, own)
+        note = WorkerNote("layout", int(rec["rank"]))
+        if self.job.layout_seen == seen:
+            return [note]
+        with self.lock:
+            self.job.layout_seen = seen
+            self.progress_dirty = True
+        layout = str(rec["layout"])[:200] if rec.get("layout") is not None else None
+        world = opt_number(int, rec.get("world")) or self.job.world_size
+        text = layout_use.note(applied, own, layout, world, self.requested_layout,
+                               self.job.spec_json)
+        return [note, RecordEvent("layout", text)]
+
+    def log_loss(self, t: float, value: float) -> None:
+        """A loss read from rank 0's log line (a script that does not report it): the job's
+        loss and a `loss` metric, like a reported one. Called from the log reader thread."""
+        if self.reported_loss:
+            return
+        self.recent.add("loss", 0, t, value)
+        with self.lock:
+            j = self.job
+            j.loss = value
+            if j.first_loss is None:
+                j.first_loss = value
+            self.progress_dirty = True
+            if math.isfinite(value):
+                self.pending.append(Metric(time=t, cluster=self.cluster.name, job=j.name,
+                                           node="local", rank=0, name="loss", value=value))
 
     def dropped_note(self, now: float, final: bool = False) -> RecordEvent | None:
         """The job event about dropped datagrams, when one is due (see `rejected.note`)."""
@@ -143,6 +187,9 @@ class Intake:
         if isinstance(pid, int) and not isinstance(pid, bool) and \
                 self.worker_pids.get(r.rank) != pid and pid_ok(pid):
             self.worker_pids[r.rank] = pid
+        self.reports_expected = True
+        if r.loss is not None:
+            self.reported_loss = True
         rows = []
         for key, value in rec.items():
             if key in MODEL_STATE_METRICS and isinstance(value, int | float):
@@ -160,6 +207,10 @@ class Intake:
         return Reported(r.rank, r.step)
 
     def _progress(self, r: Report) -> None:
+        with self.lock:  # the log reader thread writes the loss
+            self._progress_locked(r)
+
+    def _progress_locked(self, r: Report) -> None:
         j = self.job
         self.throughput.add(r)
         if j.first_step_at is None:
@@ -179,17 +230,18 @@ class Intake:
         """Progress onto the job's row and the waiting metric rows, in one write."""
         with self.lock:
             rows, self.pending = self.pending, []
-        if not self.progress_dirty and not rows:
+            dirty, self.progress_dirty = self.progress_dirty, False
+            values = {k: getattr(self.job, k) for k in _PROGRESS}
+        if not dirty and not rows:
             return
         j = self.job
-        if self.progress_dirty and j.samples_per_s is not None and j.last_report_at is not None:
+        if dirty and j.samples_per_s is not None and j.last_report_at is not None:
             rows.append(Metric(time=j.last_report_at, cluster=self.cluster.name, job=j.name,
                                node="local", rank=JOB_RANK, name="job_samples_per_second",
                                value=j.samples_per_s))
         with store.session() as s:
             row = s.get(Job, j.id)
-            if row is not None and self.progress_dirty:
-                for k in _PROGRESS:
-                    setattr(row, k, getattr(j, k))
+            if row is not None and dirty:
+                for k, v in values.items():
+                    setattr(row, k, v)
             s.add_all(rows)
-        self.progress_dirty = False

@@ -29,8 +29,11 @@ class Throughput:
         self.points: deque[tuple[float, int, int]] = deque()  # (t, step, cumulative samples)
         self.total_samples = 0
         self.first: tuple[float, int, int] | None = None
+        self.saw_samples = False  # a script that never says its samples has no samples/s
 
     def add(self, r: Report) -> None:
+        if r.samples is not None or r.samples_total is not None:
+            self.saw_samples = True
         if r.samples_total is not None:
             self.total_samples = r.samples_total
         else:
@@ -43,7 +46,9 @@ class Throughput:
             self.points.popleft()
 
     def samples_per_s(self) -> float | None:
-        return _rate(self.points[0], self.points[-1], 2) if len(self.points) >= 2 else None
+        if not self.saw_samples or len(self.points) < 2:
+            return None
+        return _rate(self.points[0], self.points[-1], 2)
 
     def seconds_per_step(self) -> float | None:
         if len(self.points) < 2:
@@ -53,7 +58,8 @@ class Throughput:
 
     def overall_samples_per_s(self) -> float | None:
         """Steady throughput over the whole run, excluding the first step."""
-        if self.first is None or not self.points or self.points[-1] == self.first:
+        if not self.saw_samples or self.first is None or not self.points or \
+                self.points[-1] == self.first:
             return None
         return _rate(self.first, self.points[-1], 2)
 

@@ -154,7 +154,7 @@ class TelemetryState:
             ranks={k: v for k, v in snap.items() if k not in DEVICE_METRICS},
             devices={k: v for k, v in snap.items() if k in DEVICE_METRICS},
             log_tail=tuple(self._log_tail()), samples_per_s=job.samples_per_s,
-            baseline_samples_per_s=self.baseline,
+            baseline_samples_per_s=self.baseline, reports_expected=sup.intake.reports_expected,
         )
 
     def diagnose(self, now: float, final: bool = False) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from gpufleet import layout_use
 from gpufleet.lifecycle.status import JOB_ACTIVE
 from gpufleet.plan import cost
 
@@ -57,6 +58,8 @@ class JobRecord(Protocol):
     def last_report_at(self) -> float | None: ...
     @property
     def reason(self) -> str | None: ...
+    @property
+    def layout_seen(self) -> str | None: ...
 
 
 class ClusterRecord(Protocol):
@@ -103,7 +106,8 @@ class JobView:
     price_book: str | None
     reason: str | None
     exit_code: int | None
-    layout: str | None = None  # strategy, mesh, precision, framework
+    layout: str | None = None  # strategy, mesh, precision, framework, and who applied it
+    layout_seen: str | None = None  # "applied" or "own:KIND" (layout_use), None before a step
     started_at: float | None = None  # UNIX seconds: the workers started / the job ended
     ended_at: float | None = None
     # rank -> {"params_bytes", "grads_bytes", "optimizer_bytes", ["cuda_max_allocated_bytes"]}
@@ -142,12 +146,15 @@ LayoutWords = Callable[[str, int], str | None]  # (spec_json, world_size) -> wor
 
 def layout_of(job: JobRecord, words: LayoutWords | None = None) -> str | None:
     """The job's strategy, mesh and precision in words, from its stored spec (through `words`
-    when given: a reader that can tell them without validating the spec)."""
-    return (words or _layout_words)(job.spec_json, job.world_size)
+    when given: a reader that can tell them without validating the spec), and whether gpufleet
+    applied it or the script ran as written (`layout_use`)."""
+    requested = (words or requested_layout)(job.spec_json, job.world_size)
+    return layout_use.describe(requested, job.layout_seen, job.spec_json,
+                               ended=job.status not in JOB_ACTIVE)
 
 
 @functools.lru_cache(maxsize=64)
-def _layout_words(spec_json: str, world_size: int) -> str | None:
+def requested_layout(spec_json: str, world_size: int) -> str | None:
     # Cached: the live view asks four times a second, and the answer never changes for a job.
     from gpufleet.spec import JobSpec  # Pydantic: imported only when a spec is validated
 
@@ -180,6 +187,7 @@ def job_view(job: JobRecord, cluster: ClusterRecord, now: float,
         usd_per_hour=cluster.usd_per_hour,
         price_book="simulated, not billed" if cluster.simulated else cluster.price_book,
         reason=job.reason, exit_code=job.exit_code, layout=layout_of(job, layout_words),
+        layout_seen=job.layout_seen,
         started_at=job.started_at, ended_at=job.ended_at,
         model_state=dict(sorted((model_state or {}).items())),
     )

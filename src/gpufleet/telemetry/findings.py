@@ -33,6 +33,9 @@ class Inputs:
     samples_per_s: float | None = None  # the job's current throughput
     # samples/s of the same script on one worker of the same GPU type (an earlier job), if any
     baseline_samples_per_s: float | None = None
+    # whether the job reports its steps (the SDK or the worker bootstrap said so): a script that
+    # never reports is not judged for not having started
+    reports_expected: bool = True
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,8 @@ def stalled(inp: Inputs, th: Thresholds) -> list[Finding]:
             rule="stalled", severity="critical", title="Training stalled",
             detail=f"No step reported for {dur(since)}{last}; the limit is {dur(limit)} ({basis}).",
             fix=_STALL_FIX)]
-    if inp.started_at is not None and inp.now - inp.started_at > th.startup_s:
+    if inp.reports_expected and inp.started_at is not None and \
+            inp.now - inp.started_at > th.startup_s:
         return [Finding(
             rule="stalled", severity="critical", title="Training has not started",
             detail=f"No step reported {dur(inp.now - inp.started_at)} after the workers started"
