@@ -87,8 +87,11 @@ def test_gpt_job_trains_and_releases_its_cluster(gpt_run: GptRun) -> None:
     # what truly happened, e.g. one rank descheduled into a straggler; that is a finding, not a
     # fault. A fault rule firing on a clean run would be a bug.
     assert {f["rule"] for f in s["findings"]} <= LOAD_SENSITIVE_RULES, s["findings"]
-    assert [e["kind"] for e in s["events"] if e["kind"] != "diagnosis"] == [
+    assert [e["kind"] for e in s["events"] if e["kind"] not in ("diagnosis", "layout")] == [
         "starting", "running", "succeeded"]
+    # the example calls gpufleet.train.prepare: the layout is gpufleet's, and says so
+    assert s["layout_seen"] == "applied"
+    assert s["layout"] == "ddp, dp=2 x tp=1 x pp=1, fp32, torchrun (applied by gpufleet)"
 
     log = f.ok("logs", "gpt-job").stdout
     assert "all-reduce check passed" in log

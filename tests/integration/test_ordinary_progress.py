@@ -1,0 +1,109 @@
+"""Ordinary scripts, unchanged, get progress, loss, ETA, health and an honest layout from the
+worker bootstrap: a plain DDP script that never imports gpufleet, under the real CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import psutil
+from fleet_helpers import WORKERS, Fleet
+
+PLAIN = str(WORKERS / "plain_ddp.py")
+
+
+def _rank_pid(fleet: Fleet, job: str, rank: int) -> int:
+    """The worker process of `job` with RANK=rank (under this test's home)."""
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if PLAIN not in " ".join(p.info["cmdline"] or []):
+                continue
+            env = p.environ()
+        except psutil.Error:
+            continue
+        if env.get("GPUFLEET_JOB") == job and env.get("RANK") == str(rank) and \
+                env.get("GPUFLEET_JOB_DIR", "").startswith(str(fleet.home)):
+            return p.pid
+    raise AssertionError(f"no rank {rank} process of {job}")
+
+
+def test_a_plain_script_shows_steps_loss_eta_and_that_its_layout_is_its_own(fleet: Fleet) -> None:
+    fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "plain", "--strategy", "fsdp",
+             "-y", PLAIN, "--", "--max_steps", "40", "--sleep", "0.1", timeout=60)
+    live = fleet.wait_for_step("plain", 8)
+    assert live["total_steps"] == 40  # read from the script's own --max_steps
+    assert live["eta_s"] is not None and live["eta_s"] > 0
+    assert live["samples_per_s"] and live["samples_per_s"] > 0  # DataLoader batches x 2 ranks
+    assert live["loss"] is not None  # from its printed "step N: loss X" lines
+
+    s = fleet.wait_ended("plain")
+    assert s["status"] == "succeeded", s["reason"]
+    assert s["step"] == s["total_steps"] == 40
+    printed = re.findall(r"loss ([0-9.]+)", (fleet.home / "jobs/plain/logs/rank0.log").read_text())
+    assert len(printed) == 40
+    assert s["loss"] == float(printed[-1]) and s["first_loss"] == float(printed[0])
+    # 8 samples per rank per step over 2 ranks; the rate is measured, so only its scale is checked
+    assert s["samples"] == 40 * 16
+    # what ran: the script's own DDP; gpufleet's fsdp was never applied, and says so
+    assert s["layout_seen"] == "own:ddp"
+    assert s["layout"].startswith("as written: the script's own DDP"), s["layout"]
+    assert "fsdp" in s["layout"] and "not applied" in s["layout"]
+    told = [e["reason"] for e in s["events"] if e["kind"] == "layout"]
+    assert len(told) == 1 and "does not call gpufleet.train.prepare" in told[0], told
+    assert not any(f["rule"] == "stalled" for f in s["findings"]), s["findings"]
+
+
+def test_a_stopped_rank_of_a_plain_script_is_found_within_the_hang_timeout(fleet: Fleet) -> None:
+    fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "frozen", "--hang-timeout",
+             "10s", "-y", PLAIN, "--", "--max_steps", "5000", "--sleep", "0.1", timeout=60)
+    fleet.wait_for_step("frozen", 5)
+    pid = _rank_pid(fleet, "frozen", 1)
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        # 10 s of silence, then the next check: about 11 s here; 45 s leaves room for a busy machine
+        s = fleet.wait_ended("frozen", timeout=45)
+        waited = time.monotonic() - stopped_at
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert s["status"] == "failed"
+    assert "rank 1 is stopped" in s["reason"], s["reason"]
+    assert waited >= 10, "a hang is declared only after the timeout"
+    hang = [e for e in s["events"] if e["kind"] == "hang"]
+    assert len(hang) == 1
+
+
+def test_the_users_sitecustomize_still_runs_and_the_switch_turns_the_bootstrap_off(
+        fleet: Fleet, tmp_path: Path) -> None:
+    own = tmp_path / "own-site"
+    own.mkdir()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (own / "sitecustomize.py").write_text(
+        "import os\n"
+        f"open(os.path.join({str(marks)!r}, str(os.getpid())), 'w').close()\n")
+    env = {"PYTHONPATH": str(own)}
+    r = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "chained", "-y", PLAIN, "--",
+              "--max_steps", "6", timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = fleet.status("chained")
+    assert s["step"] == 6 and s["layout_seen"] == "own:ddp"
+    workers = len(list(marks.iterdir()))
+    assert workers >= 3, "the user's sitecustomize ran in torchrun and both workers"
+    assert "gpufleet bootstrap" not in r.stderr
+
+    r = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "bare", "--no-bootstrap", "-y",
+              PLAIN, "--", "--max_steps", "6", timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = fleet.status("bare")
+    assert s["status"] == "succeeded"
+    assert s["step"] is None and s["layout_seen"] is None  # nothing counted its steps
+    assert s["loss"] is not None  # the log is still read
+    assert s["layout"].endswith("(requested; never seen applied)"), s["layout"]
+    assert len(list(marks.iterdir())) >= workers + 3  # the user's own still runs
