@@ -33,7 +33,7 @@ from gpufleet.cli.options import (
     Yes,
     default,
 )
-from gpufleet.cli.supervising import hand_over, print_dry_run
+from gpufleet.cli.supervising import hand_over, print_dry_run, script_notes, warned_first
 from gpufleet.errors import SpecError
 
 if TYPE_CHECKING:
@@ -140,7 +140,9 @@ def run(
     inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
               "price_book": price_book, "nodes": nodes, "pool": pool}
     st, spec = _job_spec(file, script, list(ctx.args), env or [], flags, inline, cluster)
-    result = submit.submit(st, spec, approve_quote(yes), cpu_slots, dry_run)
+    approve, tell = warned_first(script_notes(spec), approve_quote(yes))
+    result = submit.submit(st, spec, approve, cpu_slots, dry_run)
+    tell()
     if isinstance(result, tuple):
         hand_over(st, *result, detach, cpu_slots)
     else:

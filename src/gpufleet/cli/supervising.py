@@ -1,5 +1,6 @@
-"""What `run` shows while it hands a job over: each node's command for a dry run, then the
-job's supervisor, detached or in this process behind a live view whose outcome is the exit code.
+"""What `run` shows while it hands a job over: warnings from a static look at the script, each
+node's command for a dry run, then the job's supervisor, detached or in this process behind a
+live view whose outcome is the exit code.
 """
 
 from __future__ import annotations
@@ -7,15 +8,52 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpufleet.cli.app import out, silence_stdout
+from gpufleet.cli.app import err, out, silence_stdout
 
 if TYPE_CHECKING:
+    from gpufleet.launch.script_scan import ScriptWarning
+    from gpufleet.lifecycle.provision import Approve, Offer
     from gpufleet.lifecycle.submit import DryRun
+    from gpufleet.spec import JobSpec
     from gpufleet.store import Cluster, Job, Store
+
+
+def script_notes(spec: JobSpec) -> list[ScriptWarning]:
+    """What a static look at the job's script finds the user should know (layout flags it will
+    not apply); none when the script cannot be read."""
+    from gpufleet.launch.script_scan import script_warnings
+
+    try:
+        source: str | None = (Path(spec.workdir or ".") / spec.script).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        source = None
+    return script_warnings(spec, source)
+
+
+def warned_first(notes: list[ScriptWarning], approve: Approve) -> tuple[Approve, Callable[[], None]]:
+    """`approve` that prints the notes (one stderr line each) before the quote, and a `tell` that
+    prints them if the quote never came (an existing cluster, a dry run): either way before the
+    start, and never for a job refused at its checks (those fail before any quote)."""
+    told = [False]
+
+    def tell() -> None:
+        if not told[0]:
+            told[0] = True
+            for note in notes:
+                err.print(f"warning: {note.message}", markup=False, highlight=False,
+                          soft_wrap=True, emoji=False)
+
+    def first(offer: Offer) -> None:
+        tell()
+        approve(offer)
+
+    return first, tell
 
 
 def print_dry_run(dry: DryRun) -> None:

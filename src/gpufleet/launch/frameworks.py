@@ -124,9 +124,17 @@ def _job_env(layout: Layout, placement: Placement, ctx: JobContext, workers: int
     # The worker bootstrap (gpufleet/bootstrap): progress, health and error records for any
     # script. Off, the variable still says so, so nothing below it arms.
     boot = {"PYTHONPATH": str(SITE_DIR)} if bootstrap else {"GPUFLEET_BOOTSTRAP": "0"}
+    devices = device_env(placement, ctx.fabric, ctx.host_cpus, workers)
+    if devices["GPUFLEET_DEVICE"] == "cpu":
+        # An Accelerator() on a machine without CUDA ignores torchrun's RANK/WORLD_SIZE and runs
+        # each rank alone unless told to use the CPU (accelerate/state.py: AcceleratorState reads
+        # ACCELERATE_USE_CPU, then PartialState joins a gloo group from torchrun's variables).
+        # Set for every CPU job, so an Accelerate script is distributed under any framework;
+        # only Accelerate (and Transformers' Trainer, which runs on the CPU here anyway) read it.
+        devices["ACCELERATE_USE_CPU"] = "true"
     return {
         **boot,
-        **device_env(placement, ctx.fabric, ctx.host_cpus, workers),
+        **devices,
         **layout.to_env(),
         "GPUFLEET_JOB": ctx.job_name,
         "GPUFLEET_CLUSTER": ctx.cluster_name,
@@ -171,11 +179,9 @@ def build(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContext,
                            {path.name: config_text})
     if spec.framework == "accelerate":
         path = ctx.job_dir / "accelerate.yaml"
+        # `use_cpu` in the file is ignored on Accelerate's torchrun path; _job_env sets
+        # ACCELERATE_USE_CPU for CPU jobs instead.
         config = accelerate_config(layout, placement, 1, 0, "127.0.0.1", port)
-        if config["use_cpu"]:
-            # Accelerate's torchrun path ignores `use_cpu` from the file; without this, an
-            # Accelerator() on a machine without CUDA runs each rank alone, undistributed.
-            env["ACCELERATE_USE_CPU"] = "true"
         argv = [python, "-m", "accelerate.commands.launch", "--config_file", str(path),
                 "--tee", "3", "--log_dir", str(ctx.job_dir / "torchrun"),
                 "--max_restarts", "0", spec.script, *spec.args]
