@@ -5,13 +5,15 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gpufleet.cli.app import COMMAND, app, approve_quote, out, print_json, store
 from gpufleet.cli.help import with_panels
+from gpufleet.cli.job_spec import job_spec
 from gpufleet.cli.options import (
+    BootstrapOpt,
     Count,
     CpuSlots,
     Disk,
@@ -19,6 +21,7 @@ from gpufleet.cli.options import (
     Framework,
     Gpu,
     Json,
+    LossPattern,
     Microbatches,
     Network,
     Nodes,
@@ -29,6 +32,7 @@ from gpufleet.cli.options import (
     PriceBook,
     RunPrecision,
     Strategy,
+    TotalSteps,
     Tp,
     Yes,
     default,
@@ -37,7 +41,6 @@ from gpufleet.cli.supervising import hand_over, print_dry_run, script_notes, war
 from gpufleet.errors import SpecError
 
 if TYPE_CHECKING:
-    from gpufleet.spec import JobSpec
     from gpufleet.store import Store
 
 CLUSTER, LAYOUT, PRECISION = "Cluster", "Layout", "Precision and framework"
@@ -99,15 +102,9 @@ def run(
         "--cooldown", help="Wait after a start or resize before the next." + default("60s"))] = None,
     resume: Annotated[str | None, typer.Option(
         "--resume", help="Start an ended job again from its last checkpoint.")] = None,
-    total_steps: Annotated[int | None, typer.Option(
-        "--total-steps", help="Optimizer steps the script will take, for the ETA."
-        + default("the script's --max_steps/--max_iters, else unknown"))] = None,
-    loss_pattern: Annotated[str | None, typer.Option(
-        "--loss-pattern", help="Regex whose first group is the loss in the script's log lines."
-        + default("'loss 2.31', 'loss: 2.31', {'loss': 2.31}"))] = None,
-    bootstrap: Annotated[bool, typer.Option(
-        "--bootstrap/--no-bootstrap", help="Count optimizer steps and record errors in every "
-        "worker, for scripts that do not call gpufleet.train.report.")] = True,
+    total_steps: TotalSteps = None,
+    loss_pattern: LossPattern = None,
+    bootstrap: BootstrapOpt = True,
     name: Annotated[str | None, typer.Option("--name", help="Job name.")] = None,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Job YAML.")] = None,
     dry_run: Annotated[bool, typer.Option(
@@ -139,7 +136,7 @@ def run(
              "bootstrap": None if bootstrap else False}
     inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
               "price_book": price_book, "nodes": nodes, "pool": pool}
-    st, spec = _job_spec(file, script, list(ctx.args), env or [], flags, inline, cluster)
+    st, spec = job_spec(file, script, list(ctx.args), env or [], flags, inline, cluster)
     approve, tell = warned_first(script_notes(spec), approve_quote(yes))
     result = submit.submit(st, spec, approve, cpu_slots, dry_run)
     tell()
@@ -147,43 +144,6 @@ def run(
         hand_over(st, *result, detach, cpu_slots)
     else:
         print_dry_run(result)
-
-
-def _job_spec(file: Path | None, script: str | None, args: list[str], env: list[str],
-              flags: dict[str, Any], inline: dict[str, Any],
-              cluster: str | None) -> tuple[Store, JobSpec]:
-    """The job spec from the YAML file and the flags (flags win); the store, opened when a new
-    cluster's pool must be resolved."""
-    from gpufleet.cli.env_pairs import merged_env
-    from gpufleet.lifecycle.provision import with_pool
-    from gpufleet.spec import JobSpec, load_yaml
-
-    data: dict[str, Any] = load_yaml(file) if file else {}
-    if script is not None:
-        data["script"] = script
-    if args:
-        data["args"] = args
-    env_pairs = merged_env(data.get("env"), env)
-    data.update({k: v for k, v in {**flags, "env": env_pairs}.items() if v is not None})
-    if any(v is not None for v in inline.values()):
-        if cluster:
-            raise SpecError([("cluster", "give either --cluster NAME or --gpu/--count for a new "
-                              "cluster, not both")])
-        given = data.get("cluster")
-        base: dict[str, Any] = given if isinstance(given, dict) else {}
-        data["cluster"] = {**base, **{k: v for k, v in inline.items() if v is not None}}
-    elif cluster:
-        data["cluster"] = cluster
-    if "script" not in data:
-        raise SpecError([("script", "give a script to run, e.g. gpufleet run examples/gpt.py "
-                          "--gpu cpu --count 2")])
-    data.setdefault("workdir", str(Path.cwd()))
-    if data.get("cluster") is None:
-        raise SpecError([("cluster", "give --cluster NAME, or --gpu and --count for a new cluster")])
-    st = store()
-    if isinstance(data["cluster"], dict):
-        data["cluster"] = with_pool(st, data["cluster"])
-    return st, JobSpec.parse(data)
 
 
 @app.command(cls=COMMAND)

@@ -69,6 +69,17 @@ RunPrecision = Annotated[str | None, typer.Option(
 PlanPrecision = Annotated[str | None, typer.Option(
     "--precision", help="fp32, bf16-mixed or fp16-mixed." + default("bf16-mixed"))]
 
+# -- progress of any script (the worker bootstrap, gpufleet/bootstrap) ---------------------------
+TotalSteps = Annotated[int | None, typer.Option(
+    "--total-steps", help="Optimizer steps the script will take, for the ETA."
+    + default("the script's --max_steps/--max_iters, else unknown"))]
+LossPattern = Annotated[str | None, typer.Option(
+    "--loss-pattern", help="Regex whose first group is the loss in the script's log lines."
+    + default("'loss 2.31', 'loss: 2.31', {'loss': 2.31}"))]
+BootstrapOpt = Annotated[bool, typer.Option(
+    "--bootstrap/--no-bootstrap", help="Count optimizer steps and record errors in every "
+    "worker, for scripts that do not call gpufleet.train.report.")]
+
 # -- what a model is -----------------------------------------------------------------------------
 Params = Annotated[float | None, typer.Option("--params", help="A bare parameter count, e.g. 7e9.")]
 ModelConfig = Annotated[str | None, typer.Option("--config", help="A Hugging Face config.json.")]
