@@ -65,7 +65,11 @@ def test_api_and_metrics_follow_a_running_job(fleet: Fleet, dashboard: str) -> N
         more = http.get("/api/jobs/api/series", params={
             "names": "job_samples_per_second", "since": points[-1][0]}).json()
         newer = more["series"]["job_samples_per_second"]["job"]
-        assert newer and all(t > points[-1][0] for t, _ in newer)  # only what is new
+        assert newer and all(t > points[-1][0] for t, *_ in newer)  # only what is new
+        # each point carries the step rank 0 had reported by then (the page's step axis)
+        steps = [p[2] for p in points + newer]
+        assert all(s is not None and s >= 1 for s in steps) and steps == sorted(steps)
+        assert steps[-1] <= fleet.status("api")["step"]
 
         before = time.time()
         m = _metrics(http.get("/metrics").text)

@@ -23,7 +23,7 @@ from gpufleet.supervise.events import Event, RecordEvent, Reported, WorkerNote
 from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.view import MODEL_STATE_METRICS
 from gpufleet.telemetry.recent import Recent
-from gpufleet.telemetry.schema import DEVICE_METRICS, JOB_RANK
+from gpufleet.telemetry.schema import DEVICE_METRICS, JOB_RANK, STEP_METRIC
 
 _NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total", "pid")
 _PROGRESS = ("step", "total_steps", "samples", "loss", "first_loss", "samples_per_s",
@@ -201,6 +201,9 @@ class Intake:
                     rows.append(Metric(
                         time=r.t, cluster=self.cluster.name, job=self.job.name, node="local",
                         rank=r.rank, name=key, value=float(value)))
+        # the step too, at the same time and rank, so a chart can put any sample on a step axis
+        rows.append(Metric(time=r.t, cluster=self.cluster.name, job=self.job.name, node="local",
+                           rank=r.rank, name=STEP_METRIC, value=float(r.step)))
         self.add_samples(rows)
         if r.rank == 0:
             self._progress(r)

@@ -19,6 +19,9 @@ from typing import Literal
 Scope = Literal["device", "rank", "job", "cluster"]
 
 JOB_RANK = -1  # the rank column of the whole job's samples
+# each report's step, stored as a rank's sample beside the report's others (same time and
+# rank): what the dashboard's step axis places every sample by (web/data.py)
+STEP_METRIC = "step"
 
 
 @dataclass(frozen=True)
