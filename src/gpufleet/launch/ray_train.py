@@ -2,18 +2,36 @@
 
 This is the driver gpufleet starts for `--framework ray`. It starts a private Ray instance on
 loopback, and a `TorchTrainer` whose workers each run the unchanged script as `__main__`.
-Ray Train has already joined the process group when the script starts, with RANK, WORLD_SIZE
-and LOCAL_RANK set, so `gpufleet.train.setup()` finds it ready. Each worker prefixes its output
-lines with `[rankN]:` as torchrun does, so the supervisor splits logs per rank the same way.
+Each worker prefixes its output lines with `[rankN]:` as torchrun does, so the supervisor splits
+logs per rank the same way, and arms gpufleet's worker bootstrap (step progress for a script
+that never imports gpufleet), which torchrun workers get from their sitecustomize but a Ray
+worker cannot: its RANK is known only once Ray Train calls the worker function.
+
+The process group. Ray Train joins the default group (gloo on CPU, NCCL on GPUs) and sets
+RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT before the script starts; its torch backend
+always does (ray/train/torch/config.py, `_TorchBackend.on_start`, Ray 2.60), and a script written
+for Ray Train relies on that. So:
+
+- a script that calls `init_process_group` itself (an ordinary torchrun script) would fail with
+  "trying to initialize the default process group twice!". Its first call instead replaces Ray
+  Train's group by one made with the script's own arguments (backend, timeout, device_id), not
+  silently Ray's: a script asking for "cpu:gloo,cuda:nccl" or a longer timeout gets it, as
+  under torchrun. It meets its peers on a port rank 0 chose before the script started, not
+  Ray's (whose store may still be up while the peers leave), so no rank meets the old group.
+- `init_device_mesh`, `gpufleet.train.setup()` and Ray's `ray.train.torch.prepare_model` join
+  only when no group exists: they use Ray Train's group as it is.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import runpy
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -50,6 +68,86 @@ class _RankPrefix:
         return getattr(self.inner, name)
 
 
+class ScriptExit(RuntimeError):
+    """The script called `sys.exit` with a failing status. Ray Train counts any exception
+    leaving the worker function, SystemExit too, as the worker's failure; this one says which
+    status the script chose."""
+
+
+def _fresh_rendezvous() -> tuple[str, int]:
+    """MASTER_ADDR and a port free on rank 0's address now, the same on every rank (a barrier:
+    every worker calls it). `broadcast_from_rank_zero` goes through Ray, not torch, so it needs
+    no process group (https://docs.ray.io/en/latest/train/api/doc/
+    ray.train.collective.broadcast_from_rank_zero.html, Ray 2.60)."""
+    from ray.train.collective import broadcast_from_rank_zero
+
+    from gpufleet.backends.local import free_port
+
+    addr = os.environ.get("MASTER_ADDR", _LOOPBACK)
+    mine = (addr, free_port(addr)) if os.environ.get("RANK") == "0" else None
+    chosen: tuple[str, int] = broadcast_from_rank_zero(mine)
+    return chosen
+
+
+@contextlib.contextmanager
+def _script_owns_group(rendezvous: tuple[str, int]) -> Iterator[None]:
+    """While the script runs, its first `init_process_group` call leaves Ray Train's group and
+    joins one of its own at `rendezvous` (see the module docstring). One call only: afterwards,
+    and when the script ends, torch's own function is back."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d.init_process_group
+
+    def restore() -> None:
+        dist.init_process_group = c10d.init_process_group = original
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        restore()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = rendezvous[0], str(rendezvous[1])
+        return original(*args, **kwargs)
+
+    dist.init_process_group = c10d.init_process_group = init_process_group
+    try:
+        yield
+    finally:
+        restore()
+
+
+def _announce() -> None:
+    """This rank's pid to the supervisor now. Its sampler finds a torchrun rank by the RANK in
+    the process's environment; a Ray worker has RANK only in `os.environ` (set at run time), so
+    it is found by the pid it reports, otherwise only at its first step (if anything reports)."""
+
+    from gpufleet.train.report import send_event
+
+    send_event("ray_worker")
+
+
+def _arm_bootstrap() -> None:
+    """Step progress for a script that never imports gpufleet, as torchrun's workers get it.
+    Their sitecustomize finds no RANK in a Ray worker's environment at startup; here it is set.
+    Torch is already imported (by Ray Train), so the hooks go in at once."""
+    from gpufleet import bootstrap
+
+    if bootstrap.enabled(dict(os.environ)):
+        from gpufleet.bootstrap import worker
+
+        worker.arm()
+
+
+def _run_script(script: str) -> None:
+    """The script as `__main__`; `sys.exit(0)` (or no status) is a normal end, as in torchrun."""
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise ScriptExit(f"the script exited with status {exc.code}") from None
+
+
 def _worker(config: dict[str, Any]) -> None:
     """Ray Train's per-worker loop: become the script."""
     rank = int(os.environ.get("RANK", "0"))
@@ -59,8 +157,12 @@ def _worker(config: dict[str, Any]) -> None:
     sys.stderr = _RankPrefix(sys.stderr, rank)  # type: ignore[assignment]
     sys.argv = [config["script"], *config["args"]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(config["script"])))
+    _announce()
+    rendezvous = _fresh_rendezvous()
+    _arm_bootstrap()
     try:
-        runpy.run_path(config["script"], run_name="__main__")
+        with _script_owns_group(rendezvous):
+            _run_script(config["script"])
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -110,6 +110,7 @@ class Intake:
                 return self._layout(rec)
             if "event" in rec:
                 note, record = note_of(rec, self.job.total_steps)
+                self._learn_pid(note.rank, rec.get("pid"), pid_ok)
                 return [note] if record is None else [note, record]
             if "device_samples" in rec:
                 self._samples(rec)
@@ -177,16 +178,21 @@ class Intake:
                                    name=name, value=float(value)))
         self.add_samples(rows)
 
+    def _learn_pid(self, rank: int, pid: Any, pid_ok: Callable[[int], bool]) -> None:
+        """The rank's process, from any of its reports or notes: the first note comes before
+        the first step (the bootstrap's, a Ray Train worker's as it starts), and a Ray worker
+        has no RANK in its environment for the sampler to find it by."""
+        if isinstance(pid, int) and not isinstance(pid, bool) and \
+                self.worker_pids.get(rank) != pid and pid_ok(pid):
+            self.worker_pids[rank] = pid
+
     def _report(self, rec: dict[str, Any], pid_ok: Callable[[int], bool]) -> Reported:
         r = Report(t=float(rec["t"]), rank=int(rec["rank"]), step=int(rec["step"]),
                    samples=opt_number(int, rec.get("samples")),
                    loss=opt_number(float, rec.get("loss")),
                    total_steps=opt_number(int, rec.get("total_steps")),
                    samples_total=opt_number(int, rec.get("samples_total")))
-        pid = rec.get("pid")
-        if isinstance(pid, int) and not isinstance(pid, bool) and \
-                self.worker_pids.get(r.rank) != pid and pid_ok(pid):
-            self.worker_pids[r.rank] = pid
+        self._learn_pid(r.rank, rec.get("pid"), pid_ok)
         self.reports_expected = True
         if r.loss is not None:
             self.reported_loss = True
