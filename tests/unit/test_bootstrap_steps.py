@@ -97,3 +97,17 @@ def test_batch_size_finds_the_first_dimension_of_the_first_tensor() -> None:
     assert batch_size(Shaped()) is None  # a scalar
     assert batch_size("a string") is None
     assert batch_size([[[[[Shaped(3)]]]]]) is None  # too deep to be a batch
+
+
+def test_held_back_steps_are_flushed_at_exit() -> None:
+    steps, sent, clock = counter()
+    opt = object()
+    for _ in range(5):
+        steps.batch(2)
+        steps.stepped(opt)
+        clock.t += MIN_INTERVAL_S / 10
+    steps.flush()
+    assert sent[-1][0] == 5
+    assert sum(n or 0 for _, n in sent) == 10
+    steps.flush()  # nothing new: nothing sent
+    assert sent[-1][0] == 5 and len(sent) == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.supervise import durable
-from gpufleet.supervise.intake import note_of
+from gpufleet.supervise.notes import note_of
 from gpufleet.train import ckpt_files as files
 from gpufleet.train import ckpt_modes
 from gpufleet.train.ckpt_copy import DurableCopier, reason_of

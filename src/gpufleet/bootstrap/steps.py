@@ -35,6 +35,7 @@ class Steps:
     pending_samples: int = 0
     saw_samples: bool = False
     last_sent: float | None = None
+    sent_step: int = 0  # the last step reported
     stood_down: bool = False
     stand_down_if: Callable[[], bool] = field(default=lambda: False)
 
@@ -57,9 +58,18 @@ class Steps:
         now = self.clock()
         if self.last_sent is not None and now - self.last_sent < MIN_INTERVAL_S:
             return
+        self._send(now)
+
+    def flush(self) -> None:
+        """Report the last steps if they were held back (at exit: a fast script's final step
+        would otherwise never reach the job)."""
+        if not self.stood_down and self.step > self.sent_step and not self.stand_down_if():
+            self._send(self.clock())
+
+    def _send(self, now: float) -> None:
         samples = self.pending_samples * self.world_size if self.saw_samples else None
         self.pending_samples = 0
-        self.last_sent = now
+        self.last_sent, self.sent_step = now, self.step
         self.send(self.step, samples)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -35,6 +36,7 @@ def _on_optimizer(module: ModuleType) -> None:
             print(f"gpufleet bootstrap: step hook failed: {exc!r}", file=sys.stderr)
 
     module.register_optimizer_step_post_hook(hook)
+    atexit.register(steps.flush)
     send_event("bootstrap")  # this rank will report its steps: judge its health
 
 

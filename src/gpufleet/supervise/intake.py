@@ -18,8 +18,9 @@ from typing import Any
 from gpufleet import layout_use
 from gpufleet.reportauth import Rejection, Verifier
 from gpufleet.store import Cluster, Job, Metric, Store
-from gpufleet.supervise import durable, rejected
+from gpufleet.supervise import rejected
 from gpufleet.supervise.events import Event, RecordEvent, Reported, WorkerNote
+from gpufleet.supervise.notes import note_of, opt_number
 from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.view import MODEL_STATE_METRICS
 from gpufleet.telemetry.recent import Recent
@@ -28,39 +29,6 @@ from gpufleet.telemetry.schema import DEVICE_METRICS, JOB_RANK, STEP_METRIC
 _NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total", "pid")
 _PROGRESS = ("step", "total_steps", "samples", "loss", "first_loss", "samples_per_s",
              "first_step", "first_step_at", "last_report_at", "layout_seen")
-
-
-def opt_number(kind: type[int] | type[float], value: Any) -> Any:
-    """`value` as `kind`, None kept; anything else (a string, a list) raises ValueError."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"not a number: {value!r}")
-    return kind(value)
-
-
-def note_of(rec: dict[str, Any], total_steps: int | None = None
-            ) -> tuple[WorkerNote, RecordEvent | None]:
-    """A Checkpointer note, and the job event it is recorded as (if any). A step past the
-    job's planned total (when known) raises ValueError: no real checkpoint is there."""
-    kind = str(rec["event"])
-    step = opt_number(int, rec.get("step"))
-    if step is not None and total_steps is not None and step > total_steps:
-        raise ValueError(f"step {step} is past the job's {total_steps} steps")
-    note = WorkerNote(kind, int(rec["rank"]), step)
-    if kind == "checkpoint":
-        size = opt_number(float, rec.get("bytes")) or 0.0
-        blocked = opt_number(float, rec.get("blocked_s")) or 0.0
-        mode = "async" if rec.get("async_save") else "sync"
-        return note, RecordEvent("checkpoint", f"step {step} saved ({size / 1e6:.1f} MB, {mode}; "
-                                 f"training blocked {blocked:.3f} s)")
-    if kind == durable.CopyEvent.COPIED:
-        return note, RecordEvent(kind, durable.copied_text(step, str(rec.get("path"))[:300]))
-    if kind in ("checkpoint_skipped", durable.CopyEvent.FAILED):
-        return note, RecordEvent(kind, durable.failed_text(step, str(rec.get("why"))[:300]))
-    if kind == "resumed":
-        return note, RecordEvent("resumed", f"from the checkpoint at step {step}")
-    return note, None
 
 
 class Intake:

@@ -32,8 +32,9 @@ from gpufleet.supervise import events as ev
 from gpufleet.supervise import machine, report_port
 from gpufleet.supervise.actions import Effects
 from gpufleet.supervise.elastic import elastic_plan, mean_utilization
-from gpufleet.supervise.intake import Intake, opt_number
+from gpufleet.supervise.intake import Intake
 from gpufleet.supervise.logs import LogSink, last_exception, pump
+from gpufleet.supervise.notes import opt_number
 from gpufleet.supervise.store_watch import StoreLost, StoreWatch
 from gpufleet.supervise.telemetry import TelemetryState
 from gpufleet.supervise.view import JobView, job_view, requested_layout
