@@ -11,7 +11,7 @@ from pathlib import Path
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.supervise import outcome
 from gpufleet.supervise.blame import ErrorRecord, Tail, blame, parse, signalled, summary
-from gpufleet.supervise.logs import TAIL_LINES, LogSink, RankTail
+from gpufleet.supervise.logs import PIN_HORIZON, TAIL_LINES, LogSink, RankTail
 from gpufleet.telemetry.diagnose import Inputs, diagnose
 from gpufleet.telemetry.tracebacks import first_error, is_comm_failure, is_knock_on
 
@@ -43,12 +43,23 @@ def test_a_knock_on_is_never_blamed_even_when_it_is_earliest_or_its_rank_exited_
     assert found is not None and found.rank == 2
 
 
-def test_a_rank_torchrun_ended_with_a_signal_is_never_blamed() -> None:
-    # an ordinary error, but its rank was SIGTERMed (torchrun's, after the first failure)
-    assert blame([rec(0, "KeyError: 'x'", 1.0)], {0: -15}) is None
-    assert blame([rec(0, "KeyError: 'x'", 1.0)], {0: 143}) is None  # a shell's 128+15
-    found = blame([rec(0, "KeyError: 'x'", 1.0), rec(1, BOOM, 2.0)], {0: -15, 1: 1})
-    assert found is not None and found.rank == 1
+def test_a_rank_torchrun_ended_with_a_signal_after_the_first_failure_is_never_blamed() -> None:
+    # rank 0's ordinary error came after rank 1's, and torchrun SIGTERMed rank 0 (or a shell's
+    # 128+15): rank 1 is the cause
+    for code in (-15, 143):
+        found = blame([rec(0, "KeyError: 'x'", 2.0), rec(1, BOOM, 1.0)], {0: code, 1: 1})
+        assert found is not None and (found.rank, found.code) == (1, 1)
+    found = blame([rec(0, "KeyError: 'x'", 1.0), rec(1, BOOM, 2.0), rec(2, CLOSED, 0.5)],
+                  {0: -15, 1: 1, 2: 1})
+    assert found is not None and found.rank == 1  # rank 2's knock-on exited on its own first
+
+
+def test_a_rank_that_raised_first_and_was_ended_while_shutting_down_is_the_cause() -> None:
+    # rank 1 raised; its process group closing made rank 0 raise and exit first, and torchrun
+    # then SIGTERMed rank 1 still in its shutdown (seen in 1 of 20 real runs)
+    found = blame([rec(1, BOOM, 10.0), rec(0, CLOSED, 10.2)], {0: 1, 1: -15})
+    assert found is not None and (found.rank, found.code, found.error) == (1, None, BOOM)
+    assert blame([rec(1, BOOM, 10.0)], {1: -15}) is not None  # the only record
 
 
 def test_only_knock_ons_leave_it_to_the_logs() -> None:
@@ -151,6 +162,16 @@ def test_a_traceback_pushed_out_by_later_output_is_kept_at_the_front() -> None:
     assert lines[4:] == noise[-TAIL_LINES:] and len(tail) == len(lines)
     err = first_error(f"[rank 1] {ln}" for ln in lines)
     assert err is not None and (err.rank, err.line) == (1, BOOM)
+
+
+def test_a_traceback_handled_long_ago_is_not_kept() -> None:
+    tail = RankTail()
+    for line in ("Traceback (most recent call last):", "ValueError: handled, logged"):
+        tail.append(line)
+    for i in range(PIN_HORIZON):
+        tail.append(f"step {i}")
+    assert "ValueError: handled, logged" not in list(tail)
+    assert list(tail) == [f"step {i}" for i in range(PIN_HORIZON - TAIL_LINES, PIN_HORIZON)]
 
 
 def test_a_traceback_still_in_the_tail_is_not_repeated() -> None:

@@ -4,8 +4,9 @@ The worker bootstrap (bootstrap/errorfile.py), or torch's own `@record`, writes 
 rank's uncaught exception to its error file; torchrun's failure summary gives the exit codes.
 When one rank raises, the others see their peer vanish (a closed connection, a
 DistNetworkError) and torchrun then ends them with SIGTERM: so the cause is the earliest
-record that is not such a knock-on, of a rank that exited on its own. With no such record the
-caller falls back to reading the log tails (`logs.failed_rank`).
+record that is not such a knock-on, never one of a rank torchrun ended after the first
+failure (see `blame` for a rank it ended while that rank was shutting down after raising).
+With no such record the caller falls back to reading the log tails (`logs.failed_rank`).
 
 Record dicts are in the layout torch's ErrorHandler writes (see bootstrap/errorfile.py).
 """
@@ -98,15 +99,26 @@ def signalled(code: int | None) -> bool:
 
 
 def blame(records: Iterable[ErrorRecord], codes: Mapping[int, int]) -> Blame | None:
-    """The earliest record (by time, then rank) that is not a knock-on, of a rank not ended by
-    a signal; None when there is none (the caller then reads the logs)."""
-    causes = [r for r in records
-              if not signalled(codes.get(r.rank)) and not is_knock_on(r.kind, r.error)]
+    """The earliest record (by time, then rank) that is not a knock-on; None when there is none
+    (the caller then reads the logs).
+
+    A rank torchrun ended with a signal is a victim (it was SIGTERMed after the first failure)
+    unless its record predates every record of the ranks that exited on their own: then it
+    raised first and torchrun's SIGTERM only caught it while it shut down (its process group
+    closing is what made a peer raise and exit first). Its exit code then says nothing of the
+    failure, so it is left out (None).
+    """
+    records = list(records)
+    own = [r for r in records if not signalled(codes.get(r.rank))]
+    first_own = min((r.time_ns for r in own), default=None)
+    causes = [r for r in records if not is_knock_on(r.kind, r.error) and (
+        r in own or first_own is None or r.time_ns < first_own)]
     if not causes:
         return None
     first = min(causes, key=lambda r: (r.time_ns, r.rank))
     lines = tuple(ln for ln in first.callstack.rstrip("\n").splitlines() if ln.strip())
-    return Blame(rank=first.rank, code=codes.get(first.rank), error=first.error,
+    code = codes.get(first.rank)
+    return Blame(rank=first.rank, code=None if signalled(code) else code, error=first.error,
                  lines=lines[-LAST_LINES:] or (first.error,))
 
 

@@ -21,6 +21,9 @@ _PREFIX = re.compile(r"^\[(?:[\w.-]+ )?rank(\d+)\]:(.*)$", re.DOTALL)
 _NODE_TAG = re.compile(r"^\[[\w.-]+\]: ")  # a node agent's own line, from the Ray driver
 TAIL_LINES = 40
 PINNED_LINES = 3  # of a traceback scrolled out of the tail: its last frame and its exception
+# A traceback stays pinned only this many lines after it: enough for what a script printed just
+# before it raised, while one it handled long ago (logging.exception) is not taken for a crash.
+PIN_HORIZON = 200
 _TRACEBACK = "Traceback (most recent call last)"
 _MAX_TRACEBACK = 400  # lines; longer, it is not followed (the error records still have it)
 
@@ -53,7 +56,7 @@ class RankTail:
     before raising (nanoGPT's `Overriding: ...`) often come after its traceback; a bounded tail
     would then hold no traceback at all, and the diagnosis would read the peers' closed
     connections as the cause. Iterating yields the traceback's first line and its last
-    PINNED_LINES first, when it scrolled out, then the tail.
+    PINNED_LINES first, when it scrolled out (less than PIN_HORIZON lines ago), then the tail.
     """
 
     def __init__(self, size: int = TAIL_LINES) -> None:
@@ -82,7 +85,7 @@ class RankTail:
         return iter(self._pinned(len(lines)) + lines)
 
     def _pinned(self, kept: int) -> list[str]:
-        if self.traceback and self._traceback_at < self.count - kept:
+        if self.traceback and self.count - PIN_HORIZON <= self._traceback_at < self.count - kept:
             return [self.traceback[0], *self.traceback[1:][-PINNED_LINES:]]
         return []
 
