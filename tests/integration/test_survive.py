@@ -102,7 +102,7 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_weights(
     failed = reason_of(s, "worker_failed")
     assert "rank 1" in failed and "SIGKILL" in failed
     restart = reason_of(s, "restarting")
-    assert "from the checkpoint at step" in restart and "redone" in restart
+    assert "from gpufleet's checkpoint at step" in restart and "redone" in restart
     assert "resumed" in kinds(s)
     rows = read_losses(losses)
     redone = [r for r in rows if sum(1 for o in rows if o["step"] == r["step"]) > 1]

@@ -97,14 +97,14 @@ def test_three_identical_failures_from_the_same_checkpoint_stop() -> None:
     d = decide([fail(checkpoint=100)] * 3, max_restarts=10)
     assert not d.restart
     assert "the same way" in d.reason
-    assert "from step 100" in d.reason
+    assert "from gpufleet's checkpoint at step 100 with no newer one" in d.reason
 
 
-def test_three_identical_failures_without_any_checkpoint_say_from_the_start() -> None:
+def test_three_identical_failures_without_any_checkpoint_say_gpufleet_holds_none() -> None:
     d = decide([fail(checkpoint=None)] * 3, max_restarts=10)
     assert not d.restart
     assert "the same way" in d.reason
-    assert "from the start" in d.reason
+    assert "with no checkpoint of gpufleet's" in d.reason and "from the start" not in d.reason
 
 
 def test_two_identical_failures_still_restart() -> None:

@@ -93,8 +93,9 @@ def test_a_failure_is_restarted_and_the_second_run_succeeds(store: Store) -> Non
     kinds = [k for k, _ in events]
     assert kinds == ["starting", "running", "worker_failed", "restarting", "running", "succeeded"]
     restarting = dict(events)["restarting"]
-    assert restarting.startswith("rank 1 failed (exit code 1): ValueError: boom; restart 1 of "
-                                 "2 now, from the start (no checkpoint yet); 2 step(s) are redone")
+    assert restarting == ("rank 1 failed (exit code 1): ValueError: boom; restart 1 of 2 now, "
+                          "gpufleet holds no checkpoint: the script restarts as written (it may "
+                          "resume from its own checkpoints)")
     assert events[1] == ("running", "2 worker(s) on dev")
     assert events[4] == ("running", "2 worker(s) on dev (run 2)")
     assert any(s.startswith("gpufleet: rank 1 failed (exit code 1)") for s in said)

@@ -93,7 +93,8 @@ def test_without_restarts_a_failure_reads_from_the_logs() -> None:
 def test_a_first_failure_restarts_at_once_then_starts_run_two() -> None:
     state, _ = _feed(_running(), Reported(0, 5), Reported(1, 5))
     state, actions = _feed(state, BOOM, now=10.0)
-    note = f"{BOOM_TEXT}; restart 1 of 3 now, from the start (no checkpoint yet); 5 step(s) are redone"
+    note = (f"{BOOM_TEXT}; restart 1 of 3 now, gpufleet holds no checkpoint: the script restarts "
+            "as written (it may resume from its own checkpoints)")
     assert actions == [RecordEvent("worker_failed", f"{BOOM_TEXT}\nlast lines:\nx\nValueError: boom"),
                        Transition(JobStatus.RESTARTING, note), Say(note), Wait(0.0)]
     assert state.phase == "backoff" and state.exit_code == 1
@@ -115,8 +116,8 @@ def test_failures_with_no_new_checkpoint_back_off_longer_and_a_checkpoint_resets
     state, actions = _feed(state, WorkersExited(4))
     assert Wait(0.0) in actions
     [text] = [a.reason for a in actions if isinstance(a, Transition)]
-    assert text == ("a worker failed (exit code 4); restart 4 of 10 now, from the checkpoint at "
-                    "step 40; 4 step(s) are redone")
+    assert text == ("a worker failed (exit code 4); restart 4 of 10 now, from gpufleet's checkpoint "
+                    "at step 40; 4 step(s) are redone")
 
 
 def test_the_same_failure_three_times_in_a_row_stops_restarting() -> None:
@@ -125,8 +126,8 @@ def test_the_same_failure_three_times_in_a_row_stops_restarting() -> None:
         state, _ = _feed(state, BOOM, BackoffOver(), WorkersStarted())
     state, actions = _feed(state, BOOM)
     assert actions[-1] == Finish(1) and state.phase == "done"
-    reason = (f"failed 3 times in a row the same way, each time from the start with no newer "
-              f"checkpoint: {BOOM_TEXT}; not restarting again (fix the cause, then gpufleet run "
+    reason = (f"failed 3 times in a row the same way, each time with no checkpoint of "
+              f"gpufleet's: {BOOM_TEXT}; not restarting again (fix the cause, then gpufleet run "
               "--resume); last lines:\nx\nValueError: boom")
     assert state.final_failure == reason and _final(state) == (JobStatus.FAILED, reason)
 

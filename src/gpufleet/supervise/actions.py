@@ -107,6 +107,7 @@ class Effects:
                                                           "env": prepared.env}, indent=1))
         for stale in (self.control_path(), Path(f"{self.control_path()}.exited")):
             stale.unlink(missing_ok=True)  # requests to earlier workers (or an earlier supervisor)
+        sup.sink.run_started(time.time())  # its error records are the files written after
         sup.handle = sup.backend.start(prepared.argv, env, Path(spec.workdir or "."))
         sup.follow_ups.append(ev.WorkersStarted())
         sup.reader = threading.Thread(target=sup.read_output, args=(sup.handle, sup.sink),
@@ -191,7 +192,7 @@ class Effects:
         # `gpufleet stop` leaves its reason on the row before it signals us
         asked = jobs.get(sup.store, sup.job.name).reason if state.stop_reason is not None \
             else None
-        tail = None if sink is None else outcome.Tail(*_tail(sink))
+        tail = None if sink is None else sink.failure(sup.cluster.nodes == 1)
         status, reason = outcome.final(state.ending, asked, jobs.STOP_REQUESTED, tail)
         copy = durable.state((e.kind, e.reason) for e in jobs.events(sup.store, sup.job.id))
         if copy is not None and copy.behind:  # the last word of the history, next to the status
@@ -207,7 +208,3 @@ class Effects:
             sink.close()
         return jobs.get(sup.store, sup.job.name)
 
-
-def _tail(sink: LogSink) -> tuple[int | None, int | None, tuple[str, ...]]:
-    rank, rank_code, last = sink.failure_tail()
-    return rank, rank_code, tuple(last)

@@ -6,17 +6,26 @@ own lines (the elastic agent's) have no prefix and go to the agent log.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
+
+from gpufleet.supervise.blame import ErrorRecord, Summary, Tail, blame, parse, summary
 
 _RAY_TAG = re.compile(r"^(?:\x1b\[[0-9;]*m)?\([A-Za-z_]\w* pid=\d+(?:, ip=[^)]*)?\)(?:\x1b\[[0-9;]*m)? ")
 _HOROVOD_TAG = re.compile(r"^\[(\d+)\]<std(?:out|err)>:")  # horovodrun's own rank tag
 _PREFIX = re.compile(r"^\[(?:[\w.-]+ )?rank(\d+)\]:(.*)$", re.DOTALL)
 _NODE_TAG = re.compile(r"^\[[\w.-]+\]: ")  # a node agent's own line, from the Ray driver
 TAIL_LINES = 40
+PINNED_LINES = 3  # of a traceback scrolled out of the tail: its last frame and its exception
+# A traceback stays pinned only this many lines after it: enough for what a script printed just
+# before it raised, while one it handled long ago (logging.exception) is not taken for a crash.
+PIN_HORIZON = 200
+_TRACEBACK = "Traceback (most recent call last)"
+_MAX_TRACEBACK = 400  # lines; longer, it is not followed (the error records still have it)
 
 
 def split_line(line: str) -> tuple[int | None, str]:
@@ -40,16 +49,62 @@ def split_line(line: str) -> tuple[int | None, str]:
     return rank, text
 
 
+class RankTail:
+    """A rank's last lines, and its latest traceback even once later output pushed it out.
+
+    torchrun's `--tee` interleaves a rank's stdout and stderr, so lines a script printed just
+    before raising (nanoGPT's `Overriding: ...`) often come after its traceback; a bounded tail
+    would then hold no traceback at all, and the diagnosis would read the peers' closed
+    connections as the cause. Iterating yields the traceback's first line and its last
+    PINNED_LINES first, when it scrolled out (less than PIN_HORIZON lines ago), then the tail.
+    """
+
+    def __init__(self, size: int = TAIL_LINES) -> None:
+        self.lines: deque[str] = deque(maxlen=size)
+        self.count = 0  # lines appended in all
+        self.traceback: tuple[str, ...] = ()  # the latest complete one
+        self._traceback_at = 0  # the count at its first line
+        self._capture: list[str] | None = None
+        self._capture_at = 0
+
+    def append(self, line: str) -> None:
+        self.lines.append(line)
+        self.count += 1
+        if _TRACEBACK in line:
+            self._capture, self._capture_at = [line], self.count - 1
+        elif self._capture is not None:
+            self._capture.append(line)
+            if _EXCEPTION.match(line.strip()):
+                self.traceback, self._traceback_at = tuple(self._capture), self._capture_at
+                self._capture = None
+            elif len(self._capture) > _MAX_TRACEBACK:
+                self._capture = None
+
+    def __iter__(self) -> Iterator[str]:
+        lines = list(self.lines)
+        return iter(self._pinned(len(lines)) + lines)
+
+    def _pinned(self, kept: int) -> list[str]:
+        if self.traceback and self.count - PIN_HORIZON <= self._traceback_at < self.count - kept:
+            return [self.traceback[0], *self.traceback[1:][-PINNED_LINES:]]
+        return []
+
+    def __len__(self) -> int:
+        return len(self._pinned(len(self.lines))) + len(self.lines)
+
+
 class LogSink:
     """Writes the combined log, per-rank logs and the agent log; keeps recent lines per rank."""
 
     def __init__(self, job_dir: Path, world_size: int = 0):
+        self.job_dir = job_dir
+        self.run_since: float | None = None  # when this run's workers started (error records)
         self.dir = job_dir / "logs"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.combined: IO[str] = open(  # noqa: SIM115
             job_dir / "job.log", "a", buffering=1, encoding="utf-8", errors="replace")
         self.files: dict[int | None, IO[str]] = {}
-        self.tails: dict[int | None, deque[str]] = {}
+        self.tails: dict[int | None, RankTail] = {}
         for rank in range(world_size):  # a rank that never prints still has a (empty) log
             self._file(rank)
 
@@ -57,7 +112,7 @@ class LogSink:
         rank, text = split_line(line)
         self.combined.write(line if line.endswith("\n") else line + "\n")
         self._file(rank).write(text if text.endswith("\n") else text + "\n")
-        self.tails.setdefault(rank, deque(maxlen=TAIL_LINES)).append(text.rstrip("\n"))
+        self.tails.setdefault(rank, RankTail()).append(text.rstrip("\n"))
         return rank, text
 
     def _file(self, rank: int | None) -> IO[str]:
@@ -67,6 +122,10 @@ class LogSink:
             f = self.files[rank] = open(  # noqa: SIM115
                 self.dir / name, "a", buffering=1, encoding="utf-8", errors="replace")
         return f
+
+    def run_started(self, now: float) -> None:
+        """A run of the workers starts now: its error records are the files written after."""
+        self.run_since = now
 
     def new_run(self, note: str) -> None:
         """Workers start again (a restart or a resize): mark it in the logs and forget the old
@@ -82,10 +141,45 @@ class LogSink:
 
     def failure_tail(self) -> tuple[int | None, int | None, list[str]]:
         """(the rank that failed first, its exit code, its last 8 lines: the agent's when no
-        rank can be blamed)."""
+        rank can be blamed), read from the logs alone."""
         rank, rank_code = failed_rank(self.tail(None), self.tails)
         last = self.tail(rank)[-8:] if rank is not None else self.tail(None)[-8:]
         return rank, rank_code, last
+
+    def failure(self, single_node: bool) -> Tail:
+        """How this run's failure reads: from the ranks' error records when one names the cause
+        (see blame.py), else from the log tails. `single_node`: a record's folder (torchrun's
+        local rank) is its global rank."""
+        told = summary(self.tail(None))
+        found = blame(self.error_records(told, single_node), told.codes)
+        if found is not None:
+            return Tail(found.rank, found.code, found.lines, found.error, recorded=True)
+        rank, rank_code, last = self.failure_tail()
+        held = self.tails.get(rank)
+        error = last_exception(list(held.traceback)) if held is not None and held.traceback \
+            and rank is not None else None
+        return Tail(rank, rank_code, tuple(last), error or last_exception(last))
+
+    def error_records(self, found: Summary, single_node: bool) -> list[ErrorRecord]:
+        """The error files torchrun's workers wrote in this run (under the job's `--log-dir`:
+        torchrun/<run id>/attempt_N/<local rank>/error.json), written since it started."""
+        records: list[ErrorRecord] = []
+        if self.run_since is None:
+            return records
+        for path in sorted((self.job_dir / "torchrun").glob("*/attempt_*/*/error.json")):
+            try:
+                if path.stat().st_mtime < self.run_since:
+                    continue  # an earlier run's
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # being written, or not JSON: the logs still tell
+            rank = found.files.get(str(path))
+            if rank is None and single_node and path.parent.name.isdigit():
+                rank = int(path.parent.name)
+            record = parse(data, rank) if isinstance(data, dict) else None
+            if record is not None:
+                records.append(record)
+        return records
 
     def close(self) -> None:
         self.combined.close()
@@ -104,43 +198,25 @@ def last_exception(lines: list[str]) -> str | None:
     return None
 
 
-_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
-_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 # A rank that died because a peer vanished shows one of these; it is a victim, not the cause.
 _KNOCK_ON = re.compile(r"Connection closed by peer|Connection reset|DistBackendError|"
                        r"DistNetworkError|Broken pipe|NCCL communicator was aborted", re.IGNORECASE)
 
 
-def _exit_codes(agent_lines: list[str]) -> tuple[dict[int, int], int | None]:
-    """Per-rank exit codes from torchrun's failure summary, and its 'root cause' rank."""
-    codes: dict[int, int] = {}
-    root: int | None = None
-    in_root = False
-    rank: int | None = None
-    for line in agent_lines:
-        if "Root Cause" in line:
-            in_root = True
-        if m := _RANK.match(line):
-            rank = int(m.group(1))
-            if in_root and root is None:
-                root = rank
-        elif (m := _EXIT.match(line)) and rank is not None:
-            codes.setdefault(rank, int(m.group(1)))
-    return codes, root
-
-
 def failed_rank(agent_lines: list[str],
-                rank_tails: dict[int | None, deque[str]]) -> tuple[int | None, int | None]:
+                rank_tails: Mapping[int | None, Iterable[str]]) -> tuple[int | None, int | None]:
     """(rank, exit code) of the failure that caused the others.
 
     torchrun's 'root cause' is only the first exit it observed, often a rank that died because
     its peer did. So: first a rank whose traceback is not a communication knock-on, then
     torchrun's root cause, then any rank with a traceback.
     """
-    codes, root = _exit_codes(agent_lines)
-    with_tb = [r for r, lines in sorted(rank_tails.items(), key=lambda kv: kv[0] or 0)
+    found = summary(agent_lines)
+    codes, root = found.codes, found.root
+    tails = {r: list(lines) for r, lines in rank_tails.items()}
+    with_tb = [r for r, lines in sorted(tails.items(), key=lambda kv: kv[0] or 0)
                if r is not None and any("Traceback" in ln for ln in lines)]
-    primary = [r for r in with_tb if not any(_KNOCK_ON.search(ln) for ln in rank_tails[r])]
+    primary = [r for r in with_tb if not any(_KNOCK_ON.search(ln) for ln in tails[r])]
     rank = primary[0] if primary else root if root is not None else with_tb[0] if with_tb else None
     return rank, codes.get(rank) if rank is not None else None
 

@@ -170,12 +170,8 @@ def _failed(state: State, ex: WorkersExited | None, found: hang.Hang | None,
             s = replace(s, final_failure=decision.reason
                         + (f"; last lines:\n{last_lines}" if last_lines else ""))
         return _finish(s, code, *actions)  # else the failure reads as it always has (outcome)
-    lost = restarts.steps_lost(failure)
-    since = (f"the checkpoint at step {failure.checkpoint_step}"
-             if failure.checkpoint_step else "the start (no checkpoint yet)")
     when = "now" if decision.delay_s == 0 else f"in {decision.delay_s:.0f} s"
-    note = (f"{decision.reason} {when}, from {since}"
-            + (f"; {lost} step(s) are redone" if lost is not None else ""))
+    note = f"{decision.reason} {when}, {restarts.resumes_from(failure)}"
     text = f"{failure.description}; {note}"
     return replace(s, phase="backoff"), [*actions, Transition(JobStatus.RESTARTING, text),
                                          Say(text), Wait(decision.delay_s)]

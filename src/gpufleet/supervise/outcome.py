@@ -12,20 +12,12 @@ from dataclasses import dataclass
 
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.supervise import hang, restarts
+from gpufleet.supervise.blame import Tail
 from gpufleet.supervise.events import WorkersExited
 from gpufleet.supervise.logs import last_exception
 
 SUCCEEDED_REASON = "all workers exited 0"
-
-
-@dataclass(frozen=True)
-class Tail:
-    """The end of the logs when the job ends: the rank that failed first, its exit code, and
-    its last lines (the agent's lines when no rank can be blamed)."""
-
-    rank: int | None
-    rank_code: int | None
-    last: tuple[str, ...]
+__all__ = ["SUCCEEDED_REASON", "Ending", "Tail", "failure", "final"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +50,7 @@ def final(end: Ending, asked: str | None, stop_requested: str,
           tail: Tail | None) -> tuple[JobStatus, str]:
     """The final status and reason. `asked`: the reason `gpufleet stop` left on the job's row
     before it signalled us (`stop_requested` is its wording: it wins over the signal's own);
-    `tail`: the logs' end, None when the logs never opened."""
+    `tail`: how the failure reads (blame.Tail), None when the logs never opened."""
     code = end.code
     if end.error is not None:
         return JobStatus.FAILED, end.error
@@ -71,7 +63,9 @@ def final(end: Ending, asked: str | None, stop_requested: str,
     if tail is None:
         return JobStatus.FAILED, f"torchrun exited with code {code}"
     where = f"rank {tail.rank}" if tail.rank is not None else "a worker"
-    error = last_exception(list(tail.last))
+    exit_code = tail.rank_code if tail.rank_code is not None else code
+    if tail.recorded and tail.error:  # the rank's own exception: exact, no log lines needed
+        return JobStatus.FAILED, f"{where} failed (exit code {exit_code}): {tail.error}"
+    error = tail.error or last_exception(list(tail.last))
     return JobStatus.FAILED, (f"{where} failed{': ' + error if error else ''} (exit code "
-                              f"{tail.rank_code if tail.rank_code is not None else code}); "
-                              "last lines:\n" + "\n".join(tail.last))
+                              f"{exit_code}); last lines:\n" + "\n".join(tail.last))

@@ -84,11 +84,25 @@ def decide(failures: list[Failure], max_restarts: int,
     tail = failures[-same_limit:]
     if len(tail) == same_limit and run >= same_limit and \
             len({f.signature for f in tail}) == 1:
-        where = f"step {latest.checkpoint_step}" if latest.checkpoint_step else "the start"
+        where = (f"from gpufleet's checkpoint at step {latest.checkpoint_step} with no newer "
+                 "one" if latest.checkpoint_step else "with no checkpoint of gpufleet's")
         return Decision(False, 0.0, f"failed {same_limit} times in a row the same way, each time "
-                        f"from {where} with no newer checkpoint: {latest.description}; not "
-                        "restarting again (fix the cause, then gpufleet run --resume)")
+                        f"{where}: {latest.description}; not restarting again (fix the cause, "
+                        "then gpufleet run --resume)")
     return Decision(True, backoff_s(run), f"restart {len(failures)} of {max_restarts}")
+
+
+def resumes_from(failure: Failure) -> str:
+    """What a restart resumes from, as gpufleet knows it. Without a checkpoint of gpufleet's
+    (`train.Checkpointer`), the script starts again as written: it may well resume from
+    checkpoints of its own (the DDP tutorial's snapshot), so gpufleet neither says "from the
+    start" nor counts steps redone then."""
+    if not failure.checkpoint_step:
+        return ("gpufleet holds no checkpoint: the script restarts as written (it may resume "
+                "from its own checkpoints)")
+    lost = steps_lost(failure)
+    return (f"from gpufleet's checkpoint at step {failure.checkpoint_step}"
+            + (f"; {lost} step(s) are redone" if lost is not None else ""))
 
 
 def steps_lost(failure: Failure) -> int | None:

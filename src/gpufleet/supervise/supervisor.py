@@ -33,7 +33,7 @@ from gpufleet.supervise import machine, report_port
 from gpufleet.supervise.actions import Effects
 from gpufleet.supervise.elastic import elastic_plan, mean_utilization
 from gpufleet.supervise.intake import Intake
-from gpufleet.supervise.logs import LogSink, last_exception, pump
+from gpufleet.supervise.logs import LogSink, pump
 from gpufleet.supervise.notes import opt_number
 from gpufleet.supervise.store_watch import StoreLost, StoreWatch
 from gpufleet.supervise.telemetry import TelemetryState
@@ -264,13 +264,16 @@ class Supervisor:
         if code == 0 or self.sink is None:
             self.feed(ev.WorkersExited(code))
             return
-        rank, rank_code, last = self.sink.failure_tail()
         agent = self.sink.tail(None)
         lost = self.backend.node_lost(code, agent)
         if lost is not None:  # a node went away: its peers' errors are knock-on effects
-            rank, rank_code, last = None, None, agent[-8:]
-        self.feed(ev.WorkersExited(code, rank, rank_code, lost or last_exception(last),
-                                   "\n".join(last), node_lost=lost is not None))
+            self.feed(ev.WorkersExited(code, None, None, lost, "\n".join(agent[-8:]),
+                                       node_lost=True))
+            return
+        # the failing rank's error record (its exception, its traceback), else the log tails
+        tail = self.sink.failure(self.cluster.nodes == 1)
+        self.feed(ev.WorkersExited(code, tail.rank, tail.rank_code, tail.error,
+                                   "\n".join(tail.last)))
 
     def _drain(self, sock: socket.socket) -> None:
         for data in report_port.pending(sock):

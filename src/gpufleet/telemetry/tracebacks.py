@@ -21,14 +21,32 @@ _RANK = re.compile(r"^\[rank (\d+)\] ")
 _TRACEBACK = "Traceback (most recent call last)"
 # the last line of a traceback: "PermissionError: [Errno 13] ..." or "torch.x.DistBackendError"
 _RAISED = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt|Exit))\b(?::.*)?$")
-# what a rank raises when a peer died or hung, and how torchrun ends the survivors
-_ECHO_KINDS = frozenset({
-    "DistBackendError", "DistNetworkError", "DistStoreError", "DistError", "ChildFailedError",
-    "SignalException", "KeyboardInterrupt", "SystemExit", "BrokenPipeError",
-    "ConnectionResetError", "ConnectionAbortedError", "TimeoutError"})
-_ECHO_WORDS = re.compile(
-    r"connection (?:closed|reset) by peer|timed out|timeout|broken pipe|NCCL|gloo|c10d"
-    r"|communicator was aborted|ProcessGroup|remote process exited|got signal", re.IGNORECASE)
+# How a rank sees a peer vanish (and how torchrun ends the survivors): never a cause of its own.
+_KNOCK_ON_KINDS = frozenset({
+    "DistNetworkError", "DistStoreError", "ChildFailedError", "SignalException",
+    "KeyboardInterrupt", "SystemExit", "BrokenPipeError", "ConnectionResetError",
+    "ConnectionAbortedError"})
+_KNOCK_ON_WORDS = re.compile(
+    r"connection (?:closed|reset) by peer|broken pipe|communicator was aborted"
+    r"|remote process exited|got signal|connection refused", re.IGNORECASE)
+# A communication failure of its own: a collective that timed out, an NCCL or gloo error. The
+# comm rule's subject, not an "ordinary" exception; words alone ("NCCL" in "Distributed package
+# doesn't have NCCL built in") do not make one.
+_COMM_KINDS = frozenset({"DistBackendError", "DistError", "TimeoutError"})
+_COMM_WORDS = re.compile(
+    r"timed out|\btimeout\b|watchdog|NCCL error|NCCL WARN|nccl\w*Error|collective operation",
+    re.IGNORECASE)
+
+
+def is_knock_on(kind: str, line: str) -> bool:
+    """Whether a raised error is how a rank sees another rank die (a closed connection, a
+    store that went away, torchrun's SIGTERM): never the cause of a failure."""
+    return kind in _KNOCK_ON_KINDS or bool(_KNOCK_ON_WORDS.search(line))
+
+
+def is_comm_failure(kind: str, line: str) -> bool:
+    """Whether a raised error is a communication failure of its own (a timeout, an NCCL error)."""
+    return kind in _COMM_KINDS or bool(_COMM_WORDS.search(line))
 
 
 @dataclass(frozen=True)
@@ -39,8 +57,9 @@ class RaisedError:
 
 
 def is_echo(kind: str, line: str) -> bool:
-    """Whether a raised error is how a rank sees another's failure, not a cause of its own."""
-    return kind in _ECHO_KINDS or bool(_ECHO_WORDS.search(line))
+    """Whether a raised error is a communication error (a knock-on of a peer's failure, or a
+    collective failing), not an ordinary exception of the rank's own code."""
+    return is_knock_on(kind, line) or is_comm_failure(kind, line)
 
 
 def raised(lines: Iterable[str]) -> list[RaisedError]:
