@@ -5,7 +5,6 @@ the machine needs (a start, a heal, a resize) queues the event that reports it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -64,9 +63,7 @@ class Effects:
             case ev.Wait(seconds=seconds):
                 sup.backoff_until = time.monotonic() + seconds
             case ev.Say(text=text):
-                if sup.on_line is not None:
-                    with contextlib.suppress(Exception):
-                        sup.on_line(None, f"gpufleet: {text}")
+                sup.lines.say(f"gpufleet: {text}")
             case ev.NewLogRun(note=note):
                 if sup.sink is not None:
                     sup.sink.new_run(note)

@@ -11,7 +11,6 @@ signal, the clock, the control file) and its actions into I/O (see `actions.py`)
 from __future__ import annotations
 
 import contextlib
-import re
 import select
 import signal
 import socket
@@ -35,10 +34,11 @@ from gpufleet.supervise.elastic import elastic_plan, mean_utilization
 from gpufleet.supervise.intake import Intake
 from gpufleet.supervise.logs import LogSink, pump
 from gpufleet.supervise.notes import opt_number
+from gpufleet.supervise.output import OutputLines
 from gpufleet.supervise.store_watch import StoreLost, StoreWatch
 from gpufleet.supervise.telemetry import TelemetryState
 from gpufleet.supervise.view import JobView, job_view, requested_layout
-from gpufleet.telemetry.log_progress import loss_in, total_steps_in
+from gpufleet.telemetry.log_progress import total_steps_in
 
 FLUSH_EVERY_S = 0.25  # reports reach the store (and the dashboard) at most this late
 _opt = opt_number  # its older name
@@ -54,14 +54,14 @@ class Supervisor:
                  on_line: Callable[[int | None, str], None] | None = None):
         self.store, self.job, self.cluster, self.backend = store, job, cluster, backend
         self.spec = jobs.spec_of(job)
-        self.on_tick, self.on_line = on_tick, on_line
+        self.on_tick = on_tick
         self.stop_reason: str | None = None  # set by a signal; the loop hands it to the machine
         # signs the job's reports (reportauth); reaches the workers through their environment
         # only, never a file, a log or the store
         self.report_key = new_key()
         self.intake = Intake(job, cluster, self.report_key)
         self.intake.requested_layout = requested_layout(job.spec_json, job.world_size)
-        self.loss_pattern = re.compile(self.spec.loss_pattern) if self.spec.loss_pattern else None
+        self.lines = OutputLines(self.intake, self.spec.loss_pattern, on_line)
         if job.total_steps is None:  # a report's total, when one comes, wins
             job.total_steps = self.spec.total_steps or total_steps_in(self.spec.args)
             self.intake.progress_dirty = job.total_steps is not None
@@ -308,20 +308,7 @@ class Supervisor:
 
     def read_output(self, handle: Handle, sink: LogSink) -> None:
         assert handle.stdout is not None
-        pump(handle.stdout, sink, self._line, self.stopping)
-
-    def _line(self, rank: int | None, text: str) -> None:
-        """One worker line (reader thread): rank 0's loss when the script prints it and does
-        not report it, then the echo. Never raises: a closed terminal ends the echo only."""
-        if rank == 0 and not self.intake.reported_loss:
-            loss = loss_in(text, self.loss_pattern)
-            if loss is not None:
-                self.intake.log_loss(time.time(), loss)
-        if self.on_line is not None:
-            try:
-                self.on_line(rank, text)
-            except Exception:  # the terminal went away (`| head`, closed pipe)
-                self.on_line = None
+        pump(handle.stdout, sink, self.lines, self.stopping)
 
 
 def main(argv: list[str] | None = None) -> int:
