@@ -100,3 +100,33 @@ def test_an_unreadable_script_gets_no_scan(fleet: Fleet, tmp_path: Path) -> None
               "--dry-run")
     assert r.returncode == 0, ran(r)
     assert warning_lines(r.stderr) == []
+
+
+SHARDED = str(WORKERS / "plain_sharded.py")
+
+
+def test_a_script_sharding_itself_is_recorded_as_what_it_built(fleet: Fleet) -> None:
+    """FSDP2, tensor parallel and both: told apart by the calls the script made, not by its
+    DTensor parameters alone (a tensor-parallel model has them too)."""
+    want = {"fsdp2": "the script's own FSDP2 (fully_shard)",
+            "tp": "the script's own tensor parallel (parallelize_module)",
+            "fsdp2+tp": "the script's own FSDP2 with tensor parallel (2-D)"}
+    for i, (layout, words) in enumerate(want.items()):
+        r = fleet("run", SHARDED, "--gpu", "cpu", "--count", "2", "--name", f"own{i}", "-y", "--",
+                  "--layout", layout, timeout=RUN_TIMEOUT)
+        assert r.returncode == 0, ran(r)
+        s = fleet.status(f"own{i}")
+        assert (s["step"], s["layout_seen"]) == (5, f"own:{layout}"), s["layout"]
+        assert s["layout"] == f"as written: {words}"
+
+
+def test_a_script_that_exits_0_without_training_is_not_a_silent_success(fleet: Fleet) -> None:
+    r = fleet("run", PLAIN_DDP, "--gpu", "cpu", "--count", "2", "--name", "idle", "-y", "--",
+              "--max_steps", "0", timeout=RUN_TIMEOUT)
+    assert r.returncode == 0, ran(r)
+    s = fleet.status("idle")
+    assert s["status"] == "succeeded" and s["step"] is None
+    found = {f["rule"]: f for f in s["findings"]}
+    assert set(found) == {"no_steps"}, found
+    assert found["no_steps"]["severity"] == "warning"
+    assert "`gpufleet logs idle`" in found["no_steps"]["fix"]

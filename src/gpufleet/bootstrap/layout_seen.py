@@ -2,8 +2,9 @@
 
 gpufleet records the layout it applied only when the script called `prepare`; otherwise the job
 records what the script did on its own: DDP (seen when a DistributedDataParallel is built), FSDP1
-(its flat parameters), FSDP2 or tensor parallel (DTensor parameters), DeepSpeed (an engine built
-by `deepspeed.initialize`), or none of these (each rank trains alone, or the script does
+(its flat parameters), FSDP2 (`fully_shard` called) or tensor parallel (`parallelize_module`
+called), both, other DTensor parameters, DeepSpeed (an engine built by `deepspeed.initialize`),
+or none of these (each rank trains alone, or the script does
 something gpufleet cannot see).
 """
 
@@ -31,6 +32,32 @@ def _on_ddp(module: ModuleType) -> None:
     _wrap_init(module.DistributedDataParallel, "ddp")
 
 
+def _wrap_call(module: ModuleType, name: str, label: str) -> None:
+    """Note that the script called `module.name`; the function is otherwise untouched (its
+    attributes, such as `fully_shard.state`, are copied onto the wrapper)."""
+    import functools
+
+    inner = getattr(module, name, None)
+    if inner is None:
+        return
+
+    @functools.wraps(inner)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _BUILT.add(label)
+        return inner(*args, **kwargs)
+
+    setattr(module, name, wrapper)
+
+
+def _on_fully_shard(module: ModuleType) -> None:
+    # the defining module, before torch.distributed.fsdp re-exports the name
+    _wrap_call(module, "fully_shard", "fsdp2")
+
+
+def _on_tensor_parallel(module: ModuleType) -> None:
+    _wrap_call(module, "parallelize_module", "tp")
+
+
 def _on_deepspeed(module: ModuleType) -> None:
     inner = getattr(module, "initialize", None)
     if inner is None:
@@ -46,6 +73,8 @@ def _on_deepspeed(module: ModuleType) -> None:
 def watch() -> None:
     importwatch.when_imported("torch.nn.parallel.distributed", _on_ddp)
     importwatch.when_imported("deepspeed", _on_deepspeed)
+    importwatch.when_imported("torch.distributed.fsdp._fully_shard._fully_shard", _on_fully_shard)
+    importwatch.when_imported("torch.distributed.tensor.parallel.api", _on_tensor_parallel)
 
 
 def _param_kinds(optimizer: Any) -> set[str]:
@@ -65,7 +94,12 @@ def own_layout(optimizer: Any, built: set[str], distributed: bool) -> str:
     'none' (no wrapper gpufleet knows) and 'single' (no process group at all)."""
     kinds = _param_kinds(optimizer)
     if "dtensor" in kinds:
-        return "fsdp2" if "ddp" not in built else "dtensor"
+        if {"fsdp2", "tp"} <= built:
+            return "fsdp2+tp"
+        for label in ("fsdp2", "tp"):
+            if label in built:
+                return label
+        return "dtensor"
     if "fsdp" in kinds:
         return "fsdp"
     if "deepspeed" in built:

@@ -36,7 +36,7 @@ def _on_optimizer(module: ModuleType) -> None:
             print(f"gpufleet bootstrap: step hook failed: {exc!r}", file=sys.stderr)
 
     module.register_optimizer_step_post_hook(hook)
-    atexit.register(steps.flush)
+    atexit.register(flush)
     send_event("bootstrap")  # this rank will report its steps: judge its health
 
 
@@ -72,6 +72,12 @@ def _steps() -> Steps:
     if _STEPS is None:
         _STEPS = Steps(send=_send, world_size=int(os.environ.get("WORLD_SIZE", "1") or 1))
     return _STEPS
+
+
+def flush() -> None:
+    """Report steps held back by the batching (at the script's end)."""
+    if _STEPS is not None:
+        _STEPS.flush()
 
 
 def arm() -> None:

@@ -139,6 +139,12 @@ def _arm_bootstrap() -> None:
         worker.arm()
 
 
+def _flush_steps() -> None:
+    worker = sys.modules.get("gpufleet.bootstrap.worker")
+    if worker is not None:
+        worker.flush()
+
+
 def _run_script(script: str) -> None:
     """The script as `__main__`; `sys.exit(0)` (or no status) is a normal end, as in torchrun."""
     try:
@@ -164,6 +170,7 @@ def _worker(config: dict[str, Any]) -> None:
         with _script_owns_group(rendezvous):
             _run_script(config["script"])
     finally:
+        _flush_steps()  # the worker process outlives the script: atexit would come too late
         sys.stdout.flush()
         sys.stderr.flush()
 

@@ -196,6 +196,10 @@ class Intake:
         j.samples = self.samples_before + self.throughput.total_samples
         if r.total_steps is not None:
             j.total_steps = r.total_steps
+        elif j.total_steps is not None and r.step > j.total_steps:
+            # a total read from the script's arguments (nanoGPT runs max_iters + 1 steps): the
+            # steps that ran are the truth, never "31/30"
+            j.total_steps = r.step
         if r.loss is not None:
             j.loss = r.loss
             if j.first_loss is None:

@@ -272,6 +272,7 @@ class Supervisor:
             return
         # the failing rank's error record (its exception, its traceback), else the log tails
         tail = self.sink.failure(self.cluster.nodes == 1)
+        self.telemetry.blamed_rank = tail.rank  # the diagnosis names the rank the reason does
         self.feed(ev.WorkersExited(code, tail.rank, tail.rank_code, tail.error,
                                    "\n".join(tail.last)))
 

@@ -47,6 +47,7 @@ class TelemetryState:
         self.stopping = threading.Event()
         self.last_diagnosis = self.last_compaction = time.time()
         self.baseline: float | None = None
+        self.blamed_rank: int | None = None  # set when a failed run ends (supervisor._exited)
         self.failed = False
         self.thresholds = thresholds_from_env(os.environ)
 
@@ -155,6 +156,8 @@ class TelemetryState:
             devices={k: v for k, v in snap.items() if k in DEVICE_METRICS},
             log_tail=tuple(self._log_tail()), samples_per_s=job.samples_per_s,
             baseline_samples_per_s=self.baseline, reports_expected=sup.intake.reports_expected,
+            job=job.name, failed_rank=self.blamed_rank,
+            exit_code=sup.state.exit_code if final else None,
         )
 
     def diagnose(self, now: float, final: bool = False) -> None:

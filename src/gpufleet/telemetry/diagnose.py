@@ -13,12 +13,12 @@ from dataclasses import replace
 
 from gpufleet.telemetry.findings import Finding, Inputs, Rule, Series, Severity, Thresholds
 from gpufleet.telemetry.rules_faults import comm_timeout, memory, precision, worker_error
-from gpufleet.telemetry.rules_speed import data_loading, scaling, stalled, straggler
+from gpufleet.telemetry.rules_speed import data_loading, no_steps, scaling, stalled, straggler
 
 __all__ = ["Finding", "Inputs", "Series", "Severity", "Thresholds", "diagnose"]
 
 RULES: tuple[Rule, ...] = (data_loading, memory, scaling, comm_timeout, worker_error, straggler,
-                           stalled, precision)
+                           stalled, precision, no_steps)
 
 _ORDER: dict[Severity, int] = {"critical": 0, "warning": 1, "info": 2}
 

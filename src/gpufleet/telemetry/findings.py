@@ -36,6 +36,9 @@ class Inputs:
     # whether the job reports its steps (the SDK or the worker bootstrap said so): a script that
     # never reports is not judged for not having started
     reports_expected: bool = True
+    job: str = ""  # the job's name, for the commands a fix names
+    failed_rank: int | None = None  # the rank the failure reason blames (its error record)
+    exit_code: int | None = None  # the workers' exit code, in the round after they ended
 
 
 @dataclass(frozen=True)

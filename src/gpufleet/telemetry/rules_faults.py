@@ -93,25 +93,40 @@ _PEER_GONE = re.compile(r"connection (?:reset|closed) by peer", re.IGNORECASE)
 _C10D = re.compile(r"gloo|c10d|ProcessGroup|torch\.distributed", re.IGNORECASE)
 
 
+# torchrun's words for a rank it saw end by a signal (SIGKILL: the OOM killer, a kill -9)
+_SIGNALLED = re.compile(r"^\s*exitcode\s*:\s*-\d+|Signal \d+ \(SIG\w+\) received")
+
+
 def comm_timeout(inp: Inputs, th: Thresholds) -> list[Finding]:
     if first_error(inp.log_tail) is not None:
         return []  # a rank raised first: the others' timeouts and closed connections echo it
     hits = [line for line in inp.log_tail if _COLLECTIVE_FAILED.search(line)]
-    if not hits:
-        # A closed connection alone is how the other ranks see a peer die; when that peer ran
-        # out of memory, the memory finding is the cause and this would only be its echo.
-        if any(_OOM.search(line) for line in inp.log_tail):
-            return []
-        hits = [line for line in inp.log_tail if _PEER_GONE.search(line) and _C10D.search(line)]
+    if hits:
+        return [Finding(
+            rule="comm_timeout", severity="critical", title="A collective timed out or failed",
+            detail=f"{plural(len(hits), 'line')} of the last {len(inp.log_tail)} output lines show"
+                   f" a collective timing out or failing; the first: {quote(hits[0])}.",
+            fix="Check the interconnect (`gpufleet doctor`); run with NCCL_DEBUG=INFO to see which"
+                " link fails; look for a rank that died or is stuck (a straggler); check"
+                " NCCL_SOCKET_IFNAME; raise the process-group timeout if the slow step is"
+                " legitimate.",
+        )]
+    # A closed connection alone is how the other ranks see a peer die. When that peer ran out
+    # of memory the memory finding is the cause; when torchrun saw it killed by a signal, the
+    # job's worker_failed event names it: either way this would only be its echo.
+    if any(_OOM.search(line) or _SIGNALLED.search(line) for line in inp.log_tail):
+        return []
+    hits = [line for line in inp.log_tail if _PEER_GONE.search(line) and _C10D.search(line)]
     if not hits:
         return []
     return [Finding(
-        rule="comm_timeout", severity="critical", title="A collective timed out or failed",
+        rule="comm_timeout", severity="critical", title="A peer closed its connection mid-collective",
         detail=f"{plural(len(hits), 'line')} of the last {len(inp.log_tail)} output lines show a"
-               f" collective timing out or failing; the first: {quote(hits[0])}.",
-        fix="Check the interconnect (`gpufleet doctor`); run with NCCL_DEBUG=INFO to see which link"
-            " fails; look for a rank that died or is stuck (a straggler); check NCCL_SOCKET_IFNAME;"
-            " raise the process-group timeout if the slow step is legitimate.",
+               f" peer's connection closing during a collective; the first: {quote(hits[0])}.",
+        fix="Most often the peer's process ended (killed, crashed, out of host memory): the job's"
+            " worker_failed event and `gpufleet logs` name which; fix that first. If every rank"
+            " was alive, check the interconnect (`gpufleet doctor`), run with NCCL_DEBUG=INFO and"
+            " check NCCL_SOCKET_IFNAME.",
     )]
 
 
@@ -126,6 +141,19 @@ _ERROR_FIX = {
 }
 
 
+# Errors whose usual cause is known, by their message: a script written for GPUs on CPU slots.
+_ERROR_HINTS = (
+    (re.compile(r"doesn't have NCCL built in|NCCL is not available|ProcessGroupNCCL is only "
+                r"supported with GPUs", re.IGNORECASE),
+     "The script asks for the nccl backend, which needs CUDA GPUs; on CPU slots use gloo: its"
+     " own option if it has one (nanoGPT: --backend=gloo), or"
+     " init_process_group(os.environ.get('GPUFLEET_BACKEND', 'gloo'))."),
+    (re.compile(r"_cuda_setDevice|Torch not compiled with CUDA enabled|Found no NVIDIA driver"
+                r"|No CUDA GPUs are available", re.IGNORECASE),
+     "The script uses CUDA on a cluster of CPU slots (torch.cuda.set_device, .cuda(),"
+     " device='cuda'): take the device from its option if it has one (nanoGPT: --device=cpu) or"
+     " from GPUFLEET_DEVICE, which gpufleet sets to cpu or cuda."),
+)
 _ENDING = ("failed", "restarting", "interrupted")
 # torchrun's words once a worker has exited: the job is failing even if still 'running'
 _RANK_ENDED = re.compile(r"ChildFailedError|^\s*exitcode\s*:|closing signal SIG")
@@ -138,7 +166,7 @@ def worker_error(inp: Inputs, th: Thresholds) -> list[Finding]:
         return []
     if inp.status not in _ENDING and not any(_RANK_ENDED.search(ln) for ln in inp.log_tail):
         return []  # a running job that printed a traceback it handled (logging.exception)
-    err = first_error(inp.log_tail)
+    err = first_error(inp.log_tail, inp.failed_rank)
     if err is None:
         return []
     where = "A worker" if err.rank is None else f"Rank {err.rank}"
@@ -148,11 +176,12 @@ def worker_error(inp: Inputs, th: Thresholds) -> list[Finding]:
     if echoed:
         detail += (f" The errors of {', '.join(f'rank {r}' for r in echoed)} (a peer gone in the"
                    " middle of a collective) followed from it: not an interconnect problem.")
-    logs = "`gpufleet logs JOB`" + ("" if err.rank is None else f" --rank {err.rank}")
+    logs = f"`gpufleet logs {inp.job or 'JOB'}" + ("" if err.rank is None else f" --rank {err.rank}") + "`"
+    hint = next((fix for pattern, fix in _ERROR_HINTS if pattern.search(err.line)), None)
     return [Finding(
         rule="worker_error", severity="critical", title=f"{where} raised {err.kind}",
-        detail=detail, fix=_ERROR_FIX.get(err.kind, "Fix the cause in the script or its "
-                                          "environment.") + f" The whole traceback: {logs}.")]
+        detail=detail, fix=(hint or _ERROR_FIX.get(err.kind, "Fix the cause in the script or its "
+                                                   "environment.")) + f" The whole traceback: {logs}.")]
 
 
 # --- 7. precision ----------------------------------------------------------------------------

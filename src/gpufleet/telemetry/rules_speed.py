@@ -161,3 +161,21 @@ def stalled(inp: Inputs, th: Thresholds) -> list[Finding]:
             fix="The workers may be stuck at rendezvous (a node cannot reach the master address) or"
                 " still downloading a model or dataset. " + _STALL_FIX)]
     return []
+
+
+# --- 8. a run that never trained ---------------------------------------------------------------
+
+def no_steps(inp: Inputs, th: Thresholds) -> list[Finding]:
+    """Workers that exited 0 without one optimizer step: "succeeded" is true of the exit code,
+    not of the training (a script that found too few GPUs and returned, a wrong entry point).
+    Only judged when the job was expected to report (its bootstrap armed, or the SDK)."""
+    if inp.status != "ended" or inp.exit_code != 0 or not inp.reports_expected \
+            or inp.step is not None:
+        return []
+    return [Finding(
+        rule="no_steps", severity="warning", title="The workers exited without a training step",
+        detail="Every worker exited 0, but no optimizer step was seen: the script may have"
+               " returned early (too few devices, a missing dataset, an argument that skips"
+               " training).",
+        fix=f"Read the script's own output: `gpufleet logs {inp.job or 'JOB'}`.",
+    )]

@@ -83,12 +83,17 @@ def raised(lines: Iterable[str]) -> list[RaisedError]:
     return found
 
 
-def first_error(lines: Iterable[str]) -> RaisedError | None:
+def first_error(lines: Iterable[str], prefer: int | None = None) -> RaisedError | None:
     """The error that caused the others: the first raised error that is not an echo, on the
-    lowest rank that has one (the tail keeps no order between ranks); None when every error
-    is an echo (a real communication failure, or a rank that was killed) or there is none."""
+    lowest rank that has one (the tail keeps no order between ranks), or on `prefer` (the rank
+    the failure reason blames from its error record, which knows the order) when that rank has
+    one; None when every error is an echo (a real communication failure, or a rank that was
+    killed) or there is none."""
     causes = [e for e in raised(lines) if not is_echo(e.kind, e.line)]
     ranked = [e for e in causes if e.rank is not None]
+    preferred = [e for e in ranked if prefer is not None and e.rank == prefer]
+    if preferred:
+        return preferred[0]
     if ranked:
         return min(ranked, key=lambda e: e.rank if e.rank is not None else 0)  # first of ties
     return causes[0] if causes else None
