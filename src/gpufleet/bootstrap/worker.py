@@ -80,14 +80,21 @@ def flush() -> None:
         _STEPS.flush()
 
 
-def arm() -> None:
-    """Install the hooks (they take effect when the script imports torch)."""
-    import importlib
+ARMED_IN = "GPUFLEET_BOOTSTRAP_PID"
 
-    try:  # the error records (bootstrap/errorfile.py), once that module is in
-        importlib.import_module("gpufleet.bootstrap.errorfile").install()
-    except ImportError:
-        pass
+
+def arm() -> None:
+    """Install the hooks (they take effect when the script imports torch), once per rank: a
+    process the rank starts (a spawned DataLoader worker, a subprocess) inherits its
+    environment, RANK included, but is not the rank, so it neither reports nor writes the
+    rank's error file."""
+    armed = os.environ.get(ARMED_IN)
+    if armed is not None and armed != str(os.getpid()):
+        return
+    os.environ[ARMED_IN] = str(os.getpid())
+    from gpufleet.bootstrap import errorfile
+
+    errorfile.install()
     if not os.environ.get("GPUFLEET_REPORT_ADDR"):
         return
     importwatch.when_imported("torch.optim.optimizer", _on_optimizer)
