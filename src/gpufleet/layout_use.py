@@ -30,7 +30,6 @@ OWN_WORDS = {
     "none": "no DDP/FSDP wrapper gpufleet can see",
     "single": "no process group: each rank trains alone",
 }
-_LAYOUT_KEYS = ("strategy", "dp", "tp", "pp", "precision")
 
 
 def stored(applied: bool, own: str | None) -> str:
@@ -47,9 +46,13 @@ def flags_given(spec_json: str) -> bool:
         spec: dict[str, Any] = json.loads(spec_json)
     except ValueError:
         return False
-    if spec.get("framework") == "deepspeed":
+    framework, strategy = spec.get("framework"), spec.get("strategy") or "ddp"
+    if framework == "deepspeed":
         return True
-    return any(spec.get(k) not in (None, "ddp", "fp32") for k in _LAYOUT_KEYS)
+    meshed = any(isinstance(spec.get(d), int) and spec[d] > 1 for d in ("tp", "pp"))
+    if framework == "accelerate" and not meshed and strategy in ("ddp", "fsdp", "zero2", "zero3"):
+        return False  # Accelerate applies these (and the precision) from gpufleet's config
+    return meshed or strategy != "ddp" or spec.get("precision") not in (None, "fp32")
 
 
 def describe(requested: str | None, seen: str | None, spec_json: str, ended: bool) -> str | None:
@@ -65,7 +68,8 @@ def describe(requested: str | None, seen: str | None, spec_json: str, ended: boo
         return text
     if requested is None:
         return None
-    return f"{requested} (requested; {'never seen applied' if ended else 'not confirmed yet'})"
+    # nothing observed: a job of an older version, or --no-bootstrap; not a claim either way
+    return f"{requested} (requested{'' if ended else '; not confirmed yet'})"
 
 
 def note(applied: bool, own: str | None, layout: str | None, world: int,

@@ -111,3 +111,19 @@ def test_held_back_steps_are_flushed_at_exit() -> None:
     assert sum(n or 0 for _, n in sent) == 10
     steps.flush()  # nothing new: nothing sent
     assert sent[-1][0] == 5 and len(sent) == 2
+
+
+def test_a_rebuilt_optimizer_is_followed_once_it_steps_twice_in_a_row() -> None:
+    steps, sent, clock = counter()
+    first, rebuilt = object(), object()
+    for opt in (first, first, rebuilt, rebuilt, rebuilt):
+        steps.stepped(opt)
+        clock.t += 1
+    assert [s for s, _ in sent] == [1, 2, 3, 4]  # the rebuilt one's 2nd step counts, then all
+
+
+def test_the_samplers_replicas_not_the_world_size_multiply_the_batch() -> None:
+    steps, sent, _ = counter(world=4)  # e.g. dp=2 x tp=2: two replicas of the data
+    steps.batch(8, replicas=2)
+    steps.stepped(object())
+    assert sent == [(1, 16)]

@@ -58,3 +58,15 @@ def test_a_failing_callback_does_not_break_the_import(module_dir: Path,
 
     assert gf_watch_c.Y == 2
     assert "hook bug" in capsys.readouterr().err
+
+
+def test_a_failing_callback_on_an_imported_module_is_contained(
+        module_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (module_dir / "gf_watch_d.py").write_text("Z = 3\n")
+    import gf_watch_d  # type: ignore[import-not-found]  # noqa: F401
+
+    def boom(module: ModuleType) -> None:
+        raise RuntimeError("late hook bug")
+
+    importwatch.when_imported("gf_watch_d", boom)  # must not raise into the script
+    assert "late hook bug" in capsys.readouterr().err

@@ -71,3 +71,11 @@ def test_a_logged_loss_counts_until_a_report_carries_one() -> None:
     send(i, {"t": 4.0, "rank": 0, "step": 4, "loss": 1.0})
     i.log_loss(5.0, 9.0)
     assert i.job.loss == 1.0
+
+
+def test_bootstrap_counts_are_only_signs_of_life_once_the_sdk_reports() -> None:
+    i = intake()
+    send(i, {"t": 1.0, "rank": 0, "step": 1, "loss": 3.0})  # the SDK on rank 0
+    out = send(i, {"t": 2.0, "rank": 1, "step": 40, "src": "bootstrap"})
+    assert [type(e).__name__ for e in out] == ["WorkerNote"]
+    assert i.job.step == 1

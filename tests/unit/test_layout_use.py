@@ -37,7 +37,7 @@ def test_a_layout_not_applied_is_never_shown_as_applied() -> None:
 def test_applied_and_unknown() -> None:
     assert describe(WORDS, "applied", FSDP, ended=False) == f"{WORDS} (applied by gpufleet)"
     assert describe(WORDS, None, FSDP, ended=False) == f"{WORDS} (requested; not confirmed yet)"
-    assert describe(WORDS, None, FSDP, ended=True) == f"{WORDS} (requested; never seen applied)"
+    assert describe(WORDS, None, FSDP, ended=True) == f"{WORDS} (requested)"
     assert describe(None, None, FSDP, ended=True) is None
 
 
@@ -51,3 +51,11 @@ def test_the_event_text() -> None:
         "gpufleet applied zero2, dp=2 on 2 rank(s) (prepare called)"
     told = note(False, "single", None, 2, WORDS, FSDP)
     assert "each rank trains alone" in told and "does not call gpufleet.train.prepare" in told
+
+
+def test_accelerate_applies_its_own_strategies_but_not_a_mesh() -> None:
+    accel = {"framework": "accelerate", "precision": "bf16-mixed"}
+    assert not flags_given(json.dumps({**accel, "strategy": "fsdp"}))
+    assert flags_given(json.dumps({**accel, "strategy": "zero1"}))
+    assert flags_given(json.dumps({**accel, "strategy": "ddp", "tp": 2}))
+    assert not flags_given(json.dumps({"strategy": "ddp", "dp": 2}))  # dp alone is plain DDP

@@ -165,3 +165,11 @@ def test_steps_lost_without_a_checkpoint_is_every_step() -> None:
 def test_steps_lost_unknown_step_and_never_negative() -> None:
     assert steps_lost(fail(step=None, checkpoint=100)) is None
     assert steps_lost(fail(step=90, checkpoint=100)) == 0
+
+
+def test_a_checkpointer_script_without_a_checkpoint_yet_restarts_from_the_start() -> None:
+    from gpufleet.supervise.restarts import Failure, resumes_from
+
+    none_yet = Failure(signature="s", description="d", step=5, checkpoint_step=None)
+    assert resumes_from(none_yet, has_checkpointer=True) == "from the start (no checkpoint yet)"
+    assert "restarts as written" in resumes_from(none_yet)

@@ -216,3 +216,12 @@ def test_a_gpu_job_leaves_accelerate_on_the_gpus() -> None:
     s = spec()
     cmd = build(s, s.layout(2), gpu_placement([0, 1]), ctx())
     assert "ACCELERATE_USE_CPU" not in cmd.env
+
+
+def test_imports_gpufleet() -> None:
+    from gpufleet.launch.script_scan import imports_gpufleet
+
+    assert imports_gpufleet("from gpufleet import train\n")
+    assert imports_gpufleet("import gpufleet.train as t\n")
+    assert not imports_gpufleet("import torch  # gpufleet would be nice\ns = 'import gpufleet'\n")
+    assert imports_gpufleet("def broken(:\nfrom gpufleet import train\n")  # the fallback

@@ -17,6 +17,13 @@ from types import ModuleType
 Callback = Callable[[ModuleType], None]
 
 
+def _safely(callback: Callback, module: ModuleType) -> None:
+    try:
+        callback(module)
+    except Exception as exc:  # a hook must never break the script or its import
+        print(f"gpufleet bootstrap: hook for {module.__name__} failed: {exc!r}", file=sys.stderr)
+
+
 class _Loader(importlib.abc.Loader):
     def __init__(self, inner: importlib.abc.Loader, callback: Callback):
         self.inner, self.callback = inner, callback
@@ -30,10 +37,7 @@ class _Loader(importlib.abc.Loader):
         if module.__spec__ is not None:
             module.__spec__.loader = self.inner
         module.__loader__ = self.inner
-        try:
-            self.callback(module)
-        except Exception as exc:  # a hook must never break the script's import
-            print(f"gpufleet bootstrap: hook for {module.__name__} failed: {exc!r}", file=sys.stderr)
+        _safely(self.callback, module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -63,7 +67,7 @@ def when_imported(name: str, callback: Callback) -> None:
     """Call `callback(module)` once `name` has been imported (now, if it already is)."""
     module = sys.modules.get(name)
     if module is not None:
-        callback(module)
+        _safely(callback, module)
         return
     _FINDER.watched[name] = callback
     if _FINDER not in sys.meta_path:

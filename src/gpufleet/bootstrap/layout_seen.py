@@ -19,8 +19,11 @@ _BUILT: set[str] = set()  # wrappers the script constructed: "ddp", "deepspeed"
 
 
 def _wrap_init(cls: Any, label: str) -> None:
+    import functools
+
     inner = cls.__init__
 
+    @functools.wraps(inner)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         _BUILT.add(label)
         inner(self, *args, **kwargs)
@@ -30,6 +33,11 @@ def _wrap_init(cls: Any, label: str) -> None:
 
 def _on_ddp(module: ModuleType) -> None:
     _wrap_init(module.DistributedDataParallel, "ddp")
+
+
+def _on_fsdp1(module: ModuleType) -> None:
+    # with use_orig_params=True its parameters are not flat: the constructor is the evidence
+    _wrap_init(module.FullyShardedDataParallel, "fsdp")
 
 
 def _wrap_call(module: ModuleType, name: str, label: str) -> None:
@@ -73,6 +81,7 @@ def _on_deepspeed(module: ModuleType) -> None:
 def watch() -> None:
     importwatch.when_imported("torch.nn.parallel.distributed", _on_ddp)
     importwatch.when_imported("deepspeed", _on_deepspeed)
+    importwatch.when_imported("torch.distributed.fsdp.fully_sharded_data_parallel", _on_fsdp1)
     importwatch.when_imported("torch.distributed.fsdp._fully_shard._fully_shard", _on_fully_shard)
     importwatch.when_imported("torch.distributed.tensor.parallel.api", _on_tensor_parallel)
 
@@ -100,7 +109,7 @@ def own_layout(optimizer: Any, built: set[str], distributed: bool) -> str:
             if label in built:
                 return label
         return "dtensor"
-    if "fsdp" in kinds:
+    if "fsdp" in kinds or "fsdp" in built:
         return "fsdp"
     if "deepspeed" in built:
         return "deepspeed"

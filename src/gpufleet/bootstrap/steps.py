@@ -18,7 +18,7 @@ from typing import Any
 
 # Reports are cheap (one UDP datagram) but a script stepping 1000 times a second would still pay
 # for each; faster than this, steps are reported in batches (the per-step figures are averages).
-MIN_INTERVAL_S = 0.05
+MIN_INTERVAL_S = 0.25
 
 Send = Callable[[int, "int | None"], None]  # (step, samples since the last report or None)
 
@@ -39,10 +39,17 @@ class Steps:
     stood_down: bool = False
     stand_down_if: Callable[[], bool] = field(default=lambda: False)
 
-    def batch(self, size: int) -> None:
-        """A DataLoader on this rank yielded a batch of `size` samples."""
+    others: int = 0  # steps of another optimizer since the followed one last stepped
+    replicas: int | None = None  # ranks sharing out the data (a DistributedSampler says)
+
+    def batch(self, size: int, replicas: int | None = None) -> None:
+        """A training DataLoader on this rank yielded a batch of `size` samples; `replicas`:
+        over how many ranks its DistributedSampler splits the data (the data-parallel degree,
+        which under tensor or pipeline parallelism is less than the world size)."""
         self.pending_samples += size
         self.saw_samples = True
+        if replicas is not None:
+            self.replicas = replicas
 
     def stepped(self, optimizer: Any) -> None:
         if self.stood_down:
@@ -53,7 +60,14 @@ class Steps:
         if self.optimizer_id is None:
             self.optimizer_id = id(optimizer)
         elif id(optimizer) != self.optimizer_id:
-            return
+            # a GAN's second optimizer alternates with the first: not counted. One that steps
+            # twice in a row while the followed one does not has replaced it (a script that
+            # rebuilds its optimizer, e.g. after unfreezing layers): follow it from now on.
+            self.others += 1
+            if self.others < 2:
+                return
+            self.optimizer_id = id(optimizer)
+        self.others = 0
         self.step += 1
         now = self.clock()
         if self.last_sent is not None and now - self.last_sent < MIN_INTERVAL_S:
@@ -62,12 +76,16 @@ class Steps:
 
     def flush(self) -> None:
         """Report the last steps if they were held back (at exit: a fast script's final step
-        would otherwise never reach the job)."""
-        if not self.stood_down and self.step > self.sent_step and not self.stand_down_if():
-            self._send(self.clock())
+        would otherwise never reach the job). Never raises: it runs from atexit."""
+        try:
+            if not self.stood_down and self.step > self.sent_step and not self.stand_down_if():
+                self._send(self.clock())
+        except Exception:
+            pass
 
     def _send(self, now: float) -> None:
-        samples = self.pending_samples * self.world_size if self.saw_samples else None
+        ranks = self.replicas if self.replicas is not None else self.world_size
+        samples = self.pending_samples * ranks if self.saw_samples else None
         self.pending_samples = 0
         self.last_sent, self.sent_step = now, self.step
         self.send(self.step, samples)

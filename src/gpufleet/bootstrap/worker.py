@@ -35,13 +35,19 @@ def _on_optimizer(module: ModuleType) -> None:
         except Exception as exc:  # counting must never break a step
             print(f"gpufleet bootstrap: step hook failed: {exc!r}", file=sys.stderr)
 
-    module.register_optimizer_step_post_hook(hook)
+    import torch
+
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    # a compiled optimizer step (torch.compile) must not trace into our bookkeeping
+    module.register_optimizer_step_post_hook(disable(hook) if disable is not None else hook)
     atexit.register(flush)
     send_event("bootstrap")  # this rank will report its steps: judge its health
 
 
 def _on_dataloader(module: ModuleType) -> None:
     """Count samples and time waiting for data in every DataLoader iterator's `__next__`."""
+    import torch
+
     from gpufleet.train import telemetry
 
     base = module._BaseDataLoaderIter
@@ -58,8 +64,10 @@ def _on_dataloader(module: ModuleType) -> None:
         counters.data_wait_s += time.perf_counter() - started
         try:
             size = batch_size(batch)
-            if size is not None:
-                _steps().batch(size)
+            if size is not None and torch.is_grad_enabled():  # not an evaluation loop's
+                sampler = getattr(getattr(self, "_index_sampler", None), "sampler", None)
+                replicas = getattr(sampler, "num_replicas", None)
+                _steps().batch(size, replicas if isinstance(replicas, int) else None)
         except Exception:  # an odd batch type: no sample count, the batch goes on
             pass
         return batch

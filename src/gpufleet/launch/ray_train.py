@@ -163,9 +163,15 @@ def _worker(config: dict[str, Any]) -> None:
     sys.stderr = _RankPrefix(sys.stderr, rank)  # type: ignore[assignment]
     sys.argv = [config["script"], *config["args"]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(config["script"])))
-    _announce()
+    try:  # telemetry must never keep the script from running
+        _announce()
+    except Exception as exc:
+        print(f"gpufleet: no ray_worker note ({exc!r})", file=sys.stderr)
     rendezvous = _fresh_rendezvous()
-    _arm_bootstrap()
+    try:
+        _arm_bootstrap()
+    except Exception as exc:
+        print(f"gpufleet bootstrap: not armed ({exc!r})", file=sys.stderr)
     try:
         with _script_owns_group(rendezvous):
             _run_script(config["script"])

@@ -185,3 +185,18 @@ def warnings(found: ScriptScan, spec: JobSpec) -> list[ScriptWarning]:
 def script_warnings(spec: JobSpec, source: str | None) -> list[ScriptWarning]:
     """`warnings` for the script's text; none for a script that could not be read."""
     return [] if source is None else warnings(scan(source), spec)
+
+
+def imports_gpufleet(source: str) -> bool:
+    """Whether the script imports gpufleet (so it reports through the SDK, bootstrap or not)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return re.search(r"^\s*(?:from|import)\s+gpufleet\b", source, re.MULTILINE) is not None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "gpufleet"
+                                                for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gpufleet":
+            return True
+    return False

@@ -12,6 +12,8 @@ from pathlib import Path
 
 # torchrun prefixes every worker line with this, so the supervisor can split logs per rank.
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
+_RANK_IDENTITY = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "GPUFLEET_BOOTSTRAP_PID"}
 _FORCED = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED",
            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"}
 
@@ -36,7 +38,9 @@ def merge_env(base: dict[str, str], gpufleet: dict[str, str], user: dict[str, st
     for it. Device pinning and gpufleet's own variables are not: a shell's CUDA_VISIBLE_DEVICES
     must not put a job on devices another cluster holds.
     """
-    merged = dict(base)
+    # a caller's own rank identity (a container that sets RANK, a gpufleet job inside a job)
+    # would make torchrun's launcher pass for a rank; torchrun gives each worker its own
+    merged = {k: v for k, v in base.items() if k not in _RANK_IDENTITY}
     for key, value in gpufleet.items():
         if key.startswith("GPUFLEET_") or key in _FORCED or key not in base:
             merged[key] = value

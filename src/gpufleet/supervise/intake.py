@@ -53,6 +53,7 @@ class Intake:
         # silence means something (the stall rules judge only such jobs)
         self.reports_expected = False
         self.reported_loss = False  # a report carried the loss: log lines are not read for it
+        self.sdk_reports = False  # a train.report arrived: the bootstrap's counts are not steps
         self.requested_layout: str | None = None  # the spec's layout in words, for the note
 
     def new_run(self) -> None:
@@ -83,6 +84,10 @@ class Intake:
             if "device_samples" in rec:
                 self._samples(rec)
                 return []
+            if rec.get("src") == "bootstrap" and self.sdk_reports:
+                # a script that reports through the SDK on some ranks only (rank 0): the other
+                # ranks' optimizer counts would be compared with its steps; a sign of life only
+                return [WorkerNote("alive", int(rec["rank"]))]
             return [self._report(rec, pid_ok)]
         except (ValueError, TypeError, KeyError, OverflowError):
             return []
@@ -162,6 +167,7 @@ class Intake:
                    samples_total=opt_number(int, rec.get("samples_total")))
         self._learn_pid(r.rank, rec.get("pid"), pid_ok)
         self.reports_expected = True
+        self.sdk_reports = self.sdk_reports or rec.get("src") != "bootstrap"
         if r.loss is not None:
             self.reported_loss = True
         rows = []

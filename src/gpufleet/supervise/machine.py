@@ -171,7 +171,7 @@ def _failed(state: State, ex: WorkersExited | None, found: hang.Hang | None,
                         + (f"; last lines:\n{last_lines}" if last_lines else ""))
         return _finish(s, code, *actions)  # else the failure reads as it always has (outcome)
     when = "now" if decision.delay_s == 0 else f"in {decision.delay_s:.0f} s"
-    note = f"{decision.reason} {when}, {restarts.resumes_from(failure)}"
+    note = f"{decision.reason} {when}, {restarts.resumes_from(failure, state.has_checkpointer)}"
     text = f"{failure.description}; {note}"
     return replace(s, phase="backoff"), [*actions, Transition(JobStatus.RESTARTING, text),
                                          Say(text), Wait(decision.delay_s)]

@@ -23,9 +23,12 @@ class OutputLines:
 
     def __call__(self, rank: int | None, text: str) -> None:
         if rank == 0 and not self.intake.reported_loss:
-            loss = loss_in(text, self.pattern)
-            if loss is not None:
-                self.intake.log_loss(time.time(), loss)
+            try:
+                loss = loss_in(text, self.pattern)
+                if loss is not None:
+                    self.intake.log_loss(time.time(), loss)
+            except Exception:  # a line the pattern cannot read: no loss from it, the echo goes on
+                pass
         if self.echo is not None:
             try:
                 self.echo(rank, text)

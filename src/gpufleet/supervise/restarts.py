@@ -92,11 +92,13 @@ def decide(failures: list[Failure], max_restarts: int,
     return Decision(True, backoff_s(run), f"restart {len(failures)} of {max_restarts}")
 
 
-def resumes_from(failure: Failure) -> str:
+def resumes_from(failure: Failure, has_checkpointer: bool = False) -> str:
     """What a restart resumes from, as gpufleet knows it. Without a checkpoint of gpufleet's
     (`train.Checkpointer`), the script starts again as written: it may well resume from
     checkpoints of its own (the DDP tutorial's snapshot), so gpufleet neither says "from the
     start" nor counts steps redone then."""
+    if not failure.checkpoint_step and has_checkpointer:  # gpufleet's checkpoints, none yet
+        return "from the start (no checkpoint yet)"
     if not failure.checkpoint_step:
         return ("gpufleet holds no checkpoint: the script restarts as written (it may resume "
                 "from its own checkpoints)")

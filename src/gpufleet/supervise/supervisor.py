@@ -62,6 +62,8 @@ class Supervisor:
         self.intake = Intake(job, cluster, self.report_key)
         self.intake.requested_layout = requested_layout(job.spec_json, job.world_size)
         self.lines = OutputLines(self.intake, self.spec.loss_pattern, on_line)
+        # an SDK script reports even with the bootstrap off: its silence counts from the start
+        self.intake.reports_expected = _imports_gpufleet(self.spec.script, self.spec.workdir)
         if job.total_steps is None:  # a report's total, when one comes, wins
             job.total_steps = self.spec.total_steps or total_steps_in(self.spec.args)
             self.intake.progress_dirty = job.total_steps is not None
@@ -310,6 +312,15 @@ class Supervisor:
     def read_output(self, handle: Handle, sink: LogSink) -> None:
         assert handle.stdout is not None
         pump(handle.stdout, sink, self.lines, self.stopping)
+
+
+def _imports_gpufleet(script: str, workdir: str | None) -> bool:
+    from gpufleet.launch.script_scan import imports_gpufleet
+
+    try:
+        return imports_gpufleet((Path(workdir or ".") / script).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ def loss_in(line: str, pattern: re.Pattern[str] | None = None) -> float | None:
     """The training loss a log line states, or None."""
     if pattern is not None:
         m = pattern.search(line)
-        return _number(m.group(1)) if m else None
+        return _number(m.group(1)) if m and m.group(1) is not None else None
     for m in LOSS.finditer(line):
         if _NOT_TRAINING.search(line[:m.start()].rstrip("'\" {,")):
             continue

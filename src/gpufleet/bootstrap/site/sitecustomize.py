@@ -28,6 +28,9 @@ def _arm() -> None:
 
     if os.environ.get("GPUFLEET_BOOTSTRAP", "1") == "0" or "RANK" not in os.environ:
         return
+    armed = os.environ.get("GPUFLEET_BOOTSTRAP_PID")  # a process a rank started: not the rank
+    if armed is not None and armed != str(os.getpid()):
+        return
     from gpufleet.bootstrap import worker
 
     worker.arm()
