@@ -47,4 +47,7 @@ elapsed = time.perf_counter() - started
 if dist.get_rank() == 0:
     rate = (a.max_steps - a.warmup) * a.batch * dist.get_world_size() / elapsed
     print(f"bench: samples/s {rate:.2f} steps {a.max_steps}", flush=True)
+# gloo can abort ("terminate called without an active exception") when one rank tears the
+# group down while the other is still in its last all-reduce: meet first
+dist.barrier()
 dist.destroy_process_group()
