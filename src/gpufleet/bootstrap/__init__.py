@@ -30,9 +30,3 @@ def enabled(env: dict[str, str]) -> bool:
     """Whether the bootstrap should arm in a process with this environment: a rank of a
     gpufleet job (torchrun sets RANK; the report address says a supervisor listens)."""
     return env.get(SWITCH, "1") != "0" and "RANK" in env and bool(env.get("GPUFLEET_REPORT_ADDR"))
-
-
-def pythonpath(existing: str | None) -> str:
-    """PYTHONPATH with the bootstrap's folder first and the caller's entries kept after it."""
-    parts = [str(SITE_DIR)] + [p for p in (existing or "").split(":") if p and p != str(SITE_DIR)]
-    return ":".join(parts)
