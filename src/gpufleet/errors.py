@@ -7,6 +7,9 @@
     +-- AllocationError           the pool cannot satisfy a request; says what is free
     +-- StateError                the state folder or state file cannot be used (shared, a
                                   link, damaged, removed); says why and what to do
+    +-- ForbiddenError            no token, an unknown one, or a user acting on what is not
+                                  theirs (another's job, an admin command)
+    +-- ServerError               a server that cannot be reached, or speaks another API version
 
 Anything else reaching the CLI is a bug and is shown as such.
 """
@@ -54,4 +57,12 @@ class AllocationError(GpufleetError):
 
 
 class StateError(GpufleetError):
+    pass
+
+
+class ForbiddenError(GpufleetError):
+    pass
+
+
+class ServerError(GpufleetError):
     pass

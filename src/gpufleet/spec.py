@@ -298,6 +298,10 @@ class JobSpec(_Spec):
     total_steps: int | None = Field(None, ge=1)  # for the ETA; else read from the script's args
     loss_pattern: str | None = None  # a regex whose first group is the loss in a log line
     workdir: str | None = None  # where the script runs; the submitting shell's folder by default
+    # the queue (gpufleet/sched): higher first; the job is stopped when it runs past time_limit,
+    # which is also what the queue plans with (backfill, estimated starts)
+    priority: int = Field(0, ge=-100, le=100)
+    time_limit: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -346,6 +350,19 @@ class JobSpec(_Spec):
     def _duration(cls, v: Any) -> str:
         parse_duration(v)
         return str(v)
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time_limit(cls, v: Any) -> str | None:
+        if v is None:
+            return None
+        if parse_duration(v) <= 0:
+            raise ValueError("must be longer than 0s, e.g. 30m or 2h")
+        return str(v)
+
+    @property
+    def time_limit_s(self) -> float | None:
+        return None if self.time_limit is None else parse_duration(self.time_limit)
 
     @field_validator("workers", mode="before")
     @classmethod

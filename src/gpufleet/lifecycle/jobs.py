@@ -31,9 +31,14 @@ def job_name_for(spec: JobSpec) -> str:
     return check_name(f"{stem}-{secrets.token_hex(2)}", "job")
 
 
-def check_name_free(store: Store, name: str) -> None:
+def check_name_free(store: Store, name: str, queued_ok: bool = False) -> None:
+    """Refuse a name a job or a queued job has; `queued_ok`: the queue's own entry of that
+    name is the job being started."""
+    from gpufleet.store import QueuedJob
+
     with store.session() as s:
-        if s.scalar(select(Job).where(Job.name == name)) is not None:
+        if s.scalar(select(Job).where(Job.name == name)) is not None or (
+                not queued_ok and s.scalar(select(QueuedJob).where(QueuedJob.name == name))):
             raise ConflictError(f"name: a job named '{name}' already exists; pick another name")
 
 
@@ -57,8 +62,14 @@ def check_cluster_free(store: Store, cluster: Cluster) -> None:
         _check_cluster_free(s, cluster)
 
 
-def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Job:
+def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int,
+           owner: tuple[str, str | None] | None = None) -> Job:
+    """The job's record on its cluster; `owner`: (user, team) it is billed to (default: the
+    OS user, no team)."""
+    from gpufleet.lifecycle.accounts import os_user
+
     name = job_name_for(spec)
+    user, team = owner if owner is not None else (os_user(), None)
     check_workers(spec, cluster.count // cluster.nodes, cluster.name)
     job_dir = gpufleet_home() / "jobs" / name
     with store.session() as s:
@@ -69,7 +80,8 @@ def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int) -> Jo
         job = Job(name=name, cluster_id=cluster.id, status=JobStatus.STARTING,
                   spec_json=spec.model_dump_json(), job_dir=str(job_dir),
                   world_size=world_size, created_at=time.time(), samples=0,
-                  creator_pid=creator.pid, creator_started=creator.started)
+                  creator_pid=creator.pid, creator_started=creator.started, user=user,
+                  team=team)
         s.add(job)
         s.flush()
         s.add(Event(job_id=job.id, time=job.created_at, kind=JobStatus.STARTING,
@@ -150,6 +162,11 @@ def reopen(store: Store, job: Job, cluster: Cluster, world_size: int, reason: st
         row.first_step = row.first_step_at = row.samples_per_s = None
         s.add(Event(job_id=job.id, time=now, kind=JobStatus.STARTING, reason=reason))
     return get(store, job.name)
+
+
+def get_or_none(store: Store, name: str) -> Job | None:
+    with store.read() as s:
+        return s.scalar(select(Job).where(Job.name == name))
 
 
 def get(store: Store, name: str) -> Job:

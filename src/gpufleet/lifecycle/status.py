@@ -42,6 +42,15 @@ class ClusterStatus(StrEnum):
         return self in CLUSTER_ACTIVE
 
 
+class QueueStatus(StrEnum):
+    """queued -> started (its job record exists from then) | cancelled | refused."""
+
+    QUEUED = "queued"
+    STARTED = "started"
+    CANCELLED = "cancelled"
+    REFUSED = "refused"  # its turn came and it could not start (the reason says why)
+
+
 JOB_ACTIVE: tuple[JobStatus, ...] = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.RESTARTING,
                                      JobStatus.RESIZING)
 JOB_FINAL: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED,

@@ -108,9 +108,11 @@ def _importable(module: str) -> bool:
 
 
 def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None = None,
-           dry_run: bool = False) -> tuple[Job, Cluster] | DryRun:
+           dry_run: bool = False, owner: tuple[str, str | None] | None = None,
+           from_queue: bool = False) -> tuple[Job, Cluster] | DryRun:
     """Check the job, make its cluster if the spec describes one (after `approve`), and create
-    its record, ready for a supervisor. A refused job leaves no cluster made for it behind."""
+    its record, ready for a supervisor. A refused job leaves no cluster made for it behind.
+    `owner`: (user, team) it is billed to; `from_queue`: the queue starts its own entry."""
     spec = spec.model_copy(update={"name": jobs.job_name_for(spec)})  # fixed once, used twice
     assert spec.name is not None
     made_here = isinstance(spec.cluster, ClusterSpec)
@@ -118,7 +120,7 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
         cspec = spec.cluster
         if cspec.name is None:
             cspec = cspec.model_copy(update={"name": clusters.new_name("run")})
-        jobs.check_name_free(store, spec.name)
+        jobs.check_name_free(store, spec.name, from_queue)
         jobs.check_workers(spec, cspec.per_node, cspec.name or "")
         layout = preflight(spec, cspec.gpu, first_world(spec, cspec.count, cspec.name or "",
                                                         cspec.node_count), dry_run)
@@ -140,7 +142,7 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
             raise ConflictError(f"cluster: '{cluster.name}' is {cluster.status}; launch a new one")
         jobs.check_workers(spec, cluster.count // cluster.nodes, cluster.name)
         check_pool_job(spec, cluster.backend, cluster.nodes)
-        jobs.check_name_free(store, spec.name)
+        jobs.check_name_free(store, spec.name, from_queue)
         jobs.check_cluster_free(store, cluster)
         layout = preflight(spec, cluster.gpu, first_world(spec, cluster.count, cluster.name,
                                                           cluster.nodes), dry_run)
@@ -149,7 +151,7 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
                           cluster.network)
     world = first_world(spec, cluster.count, cluster.name, cluster.nodes)
     try:
-        job = jobs.create(store, spec, cluster, world)
+        job = jobs.create(store, spec, cluster, world, owner)
     except GpufleetError:
         if made_here:
             clusters.stop(store, cluster.name, reason="job could not be created",

@@ -1,7 +1,23 @@
-"""Durable state: clusters, device reservations, jobs, job events, metric samples, diagnoses."""
+"""Durable state: clusters, device reservations, jobs, job events, metric samples, diagnoses;
+the queue, users, teams, quotas, the audit trail and the ledger."""
 
 from gpufleet.store.db import Store, gpufleet_home
-from gpufleet.store.models import Cluster, Diagnosis, Event, Job, Metric, Pool, Reservation
+from gpufleet.store.models import (
+    AuditEvent,
+    Budget,
+    Cluster,
+    Diagnosis,
+    Event,
+    Job,
+    LedgerRow,
+    Metric,
+    Pool,
+    QueuedJob,
+    Quota,
+    Reservation,
+    Team,
+    User,
+)
 
-__all__ = ["Cluster", "Diagnosis", "Event", "Job", "Metric", "Pool", "Reservation", "Store",
-           "gpufleet_home"]
+__all__ = ["AuditEvent", "Budget", "Cluster", "Diagnosis", "Event", "Job", "LedgerRow", "Metric", "Pool",
+           "QueuedJob", "Quota", "Reservation", "Store", "Team", "User", "gpufleet_home"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -111,6 +111,10 @@ class Job(Base):
     # "applied" (the script called gpufleet.train.prepare) or "own:KIND" (it ran as written;
     # KIND what it built itself), from the bootstrap's note at the first step: see layout_use
     layout_seen: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # who submitted it (a server's user; the OS user for a job started without one) and their
+    # team then: what usage and the ledger bill it to
+    user: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Event(Base):
@@ -163,3 +167,117 @@ class Diagnosis(Base):
     first_seen: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float] = mapped_column(Float)
     active: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class User(Base):
+    """Someone who may call a server. The token is kept as its SHA-256 only."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Team(Base):
+    """A group of users sharing quotas (`Quota`) and a budget (`Budget`)."""
+
+    __tablename__ = "teams"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Budget(Base):
+    """A team's budget in USD for one calendar month (UTC, "2026-12"), or for every month
+    without its own row ("*")."""
+
+    __tablename__ = "budgets"
+    __table_args__ = (UniqueConstraint("team", "month"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    team: Mapped[str] = mapped_column(String(64))
+    month: Mapped[str] = mapped_column(String(7))
+    usd: Mapped[float] = mapped_column(Float)
+
+
+class Quota(Base):
+    """At most `devices` of one GPU type held by a team's jobs at once."""
+
+    __tablename__ = "quotas"
+    __table_args__ = (UniqueConstraint("team", "gpu"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    team: Mapped[str] = mapped_column(String(64))
+    gpu: Mapped[str] = mapped_column(String(32))
+    devices: Mapped[int] = mapped_column(Integer)
+
+
+class QueuedJob(Base):
+    """A job waiting for its turn (lifecycle/queued.py); kept after it started or was
+    cancelled, as the queue's history. Its job record is made when it starts."""
+
+    __tablename__ = "queue"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    user: Mapped[str] = mapped_column(String(64), index=True)
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_at: Mapped[float] = mapped_column(Float)
+    spec_json: Mapped[str] = mapped_column(Text)
+    cpu_slots: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # what it waits for, fixed at submission: devices of a type on a pool (or a whole existing
+    # cluster), the rate it will be billed, its time limit
+    pool: Mapped[str] = mapped_column(String(64), default="local")
+    gpu: Mapped[str] = mapped_column(String(32))
+    count: Mapped[int] = mapped_column(Integer)
+    cluster: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    usd_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
+    time_limit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # queued -> started | cancelled | refused (it could not start when its turn came)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    wait: Mapped[str | None] = mapped_column(String(16), nullable=True)  # sched.model.Wait
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    position: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    est_start: Mapped[float | None] = mapped_column(Float, nullable=True)
+    decided_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # the last pass
+    left_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # started or cancelled
+
+
+class AuditEvent(Base):
+    """Who did what: submit, cancel, stop, a user added, a quota or budget changed."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    time: Mapped[float] = mapped_column(Float, index=True)
+    user: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(32))
+    subject: Mapped[str] = mapped_column(String(96), default="")
+    detail: Mapped[str] = mapped_column(Text, default="")
+
+
+class LedgerRow(Base):
+    """Money a job accrued at one rate, from `start` to `end` (lifecycle/ledger.py). Amounts
+    are whole micro-dollars, so any sum of rows is exact."""
+
+    __tablename__ = "ledger"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    job: Mapped[str] = mapped_column(String(64))
+    user: Mapped[str] = mapped_column(String(64), index=True)
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    gpu: Mapped[str] = mapped_column(String(32))
+    devices: Mapped[int] = mapped_column(Integer)
+    price_book: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    usd_per_hour: Mapped[float] = mapped_column(Float)
+    start: Mapped[float] = mapped_column(Float)
+    end: Mapped[float] = mapped_column(Float, index=True)
+    micro_usd: Mapped[int] = mapped_column(BigInteger)
+    open: Mapped[bool] = mapped_column(Boolean, default=True)  # still accruing

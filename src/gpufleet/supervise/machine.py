@@ -65,7 +65,8 @@ def step(state: State, event: Event, now: float) -> Result:
         case Begin():
             return start_run(state, now) if state.phase == "idle" else (state, [])
         case WorkersStarted():
-            return replace(state, started_at=now), []
+            first = now if state.first_started_at is None else state.first_started_at
+            return replace(state, started_at=now, first_started_at=first), []
         case Reported(rank=rank, step=at):
             return replace(state, last_seen={**state.last_seen, rank: (now, at)},
                            ever_reported=True,
@@ -78,6 +79,9 @@ def step(state: State, event: Event, now: float) -> Result:
             acked = state.resize_target is not None and seq == state.control_seq
             return replace(state, exited_for_resize=state.exited_for_resize or acked), []
         case Tick():
+            over = over_time(state, now)
+            if over is not None:
+                return _stop(replace(state, stop_reason=over))
             return _tick(state, event, now) if state.phase == "running" else (state, [])
         case WorkersExited():
             return _exited(state, event, now) if state.phase == "running" else (state, [])
@@ -127,6 +131,21 @@ def _note(state: State, note: WorkerNote, now: float) -> State:
         # its deadline too: a rank may have read it first); unasked, an exit 0 is the end
         return replace(s, exited_for_resize=True) if s.exit_asked else s
     return s
+
+
+def over_time(state: State, now: float) -> str | None:
+    """The stop reason once the job has run past its time limit (counted from its first start,
+    restarts and backoffs included, as a queue that planned with it counts it)."""
+    limit, first = state.config.time_limit_s, state.first_started_at
+    if limit is None or first is None or state.stop_reason is not None or state.phase == "done":
+        return None
+    if now - first < limit:
+        return None
+    return f"ran past its time limit ({_seconds(limit)}); stopped by gpufleet"
+
+
+def _seconds(s: float) -> str:
+    return f"{s / 3600:g}h" if s >= 3600 else f"{s / 60:g}m" if s >= 60 else f"{s:g}s"
 
 
 def _stop(state: State) -> Result:

@@ -24,6 +24,7 @@ class Config:
     policy: elastic.Policy | None = None  # an elastic job's
     allowed: tuple[int, ...] = ()  # the sizes an elastic job may take
     heals: bool = False  # the engine can lose nodes: heal before every run after the first
+    time_limit_s: float | None = None  # from the first start, over every restart (--time-limit)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class State:
     reshaping: tuple[int, int] | None = None  # (before, target) while the reservation changes
     last_scale_note: str = ""
     last_policy: float = 0.0
+    first_started_at: float | None = None  # the first run's start, for the time limit
 
     @property
     def ending(self) -> outcome.Ending:

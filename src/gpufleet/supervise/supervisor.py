@@ -79,7 +79,7 @@ class Supervisor:
         config = machine.Config(
             cluster_name=cluster.name, max_restarts=self.spec.max_restarts,
             hang_timeout_s=self.spec.hang_timeout_s, policy=self.policy, allowed=tuple(allowed),
-            heals=backend.capabilities.multi_node)
+            heals=backend.capabilities.multi_node, time_limit_s=self.spec.time_limit_s)
         self.state = machine.initial(config, workers, job.step)
         self.effects = Effects(self)
         self.store_watch = StoreWatch(store.path)  # the state file removed under the job

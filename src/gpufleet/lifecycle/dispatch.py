@@ -1,0 +1,203 @@
+"""One pass of the queue against the store: read what waits and what runs, ask the pure
+scheduler (`gpufleet.sched.plan`), start what it says and record why the rest waits.
+
+The server's loop calls `dispatch` every second. A start goes through `submit.submit` (the same
+checks and reservation as a `run` that starts at once) and `runs.start_detached`, so a queued job
+runs exactly as one started by hand; its entry says `started` from then on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import select, update
+
+from gpufleet.errors import AllocationError, ConflictError, GpufleetError
+from gpufleet.lifecycle import accounts, jobs, pools, runs, submit
+from gpufleet.lifecycle.queued import limits_now, waiting_of
+from gpufleet.lifecycle.status import QueueStatus
+from gpufleet.pool.allocate import Allocator
+from gpufleet.sched import plan as scheduler
+from gpufleet.sched.model import Plan, Resource, Running, Waiting
+from gpufleet.sched.order import HALF_LIFE_S, Use, recent_gpu_hours
+from gpufleet.spec import ClusterSpec, JobSpec, parse_duration
+from gpufleet.store import Cluster, Job, QueuedJob, Store
+
+USE_WINDOW_S = 7 * HALF_LIFE_S  # older use weighs under 1% in fair share
+
+
+@dataclass
+class Pass:
+    """What one pass did: the plan, and the jobs it started (or could not)."""
+
+    plan: Plan
+    started: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def _ends_by(j: Job) -> float | None:
+    if j.started_at is None:
+        return None
+    limit = json.loads(j.spec_json).get("time_limit")
+    return None if limit is None else j.started_at + parse_duration(limit)
+
+
+def running_now(store: Store) -> list[Running]:
+    with store.read() as s:
+        found = s.execute(select(Job, Cluster).join(Cluster, Cluster.id == Job.cluster_id)
+                          .where(Job.status.in_(jobs.ACTIVE))).all()
+    return [Running(j.name, j.user or "-", j.team, (c.pool or "local", c.gpu), c.count,
+                    j.started_at or j.created_at, _ends_by(j),
+                    c.name if c.for_job != j.name else None) for j, c in found]
+
+
+def recent_use(store: Store, now: float) -> dict[str, float]:
+    with store.read() as s:
+        found = s.execute(select(Job.user, Cluster.count, Job.started_at, Job.ended_at)
+                          .join(Cluster, Cluster.id == Job.cluster_id)
+                          .where(Job.started_at.is_not(None),
+                                 (Job.ended_at.is_(None)) | (Job.ended_at >= now - USE_WINDOW_S)))
+        uses = [Use(user or "-", count, start, end) for user, count, start, end in found
+                if start is not None]
+    return recent_gpu_hours(uses, now)
+
+
+class Inventory:
+    """The pools' devices for one pass: discovered once per (pool, CPU slots), with what is
+    reserved, as allocators that take what the plan starts."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.allocators: dict[tuple[str, int | None], Allocator] = {}
+
+    def allocator(self, pool: str, cpu_slots: int | None) -> Allocator:
+        key = (pool, cpu_slots)
+        if key not in self.allocators:
+            prow = None if pool == "local" else pools.get(self.store, pool)
+            nodes = pools.backend_for(prow, cpu_slots).discover()
+            held, whole = pools.held_on(self.store, prow.name if prow else None)
+            self.allocators[key] = Allocator(nodes, held, whole)
+        return self.allocators[key]
+
+    def free(self, pool: str, gpu: str, cpu_slots: int | None) -> int:
+        a = self.allocator(pool, cpu_slots)
+        return sum(len(st.free) for (_, g), st in a.state.items()
+                   if g == gpu and st.exclusive is None and st.node.healthy)
+
+
+def _fits(inv: Inventory, specs: dict[str, tuple[ClusterSpec | None, int | None]]
+          ) -> Callable[[Waiting], bool]:
+    def fits(w: Waiting) -> bool:
+        cspec, slots = specs[w.name]
+        if cspec is None:
+            return True  # a whole existing cluster: the plan checked it has no job
+        a = inv.allocator(w.resource[0], slots)
+        local = w.resource[0] == "local"
+        try:
+            alloc = a.allocate(cspec.gpu, cspec.count, cspec.node_count if local else cspec.nodes,
+                               cspec.fabric if local else cspec.network)
+        except AllocationError:
+            return False
+        a.take(w.name, alloc)
+        return True
+
+    return fits
+
+
+def dispatch(store: Store, now: float | None = None) -> Pass:
+    """Plan the queue, start what may start, record the rest's place and reason."""
+    now = time.time() if now is None else now
+    entries = {e.name: e for e in _queued(store)}
+    if not entries:
+        return Pass(Plan((), ()))
+    specs: dict[str, tuple[ClusterSpec | None, int | None]] = {}
+    parsed: dict[str, JobSpec] = {}
+    for e in entries.values():
+        spec = JobSpec.model_validate_json(e.spec_json)
+        parsed[e.name] = spec
+        specs[e.name] = (spec.cluster if isinstance(spec.cluster, ClusterSpec) else None,
+                         e.cpu_slots)
+    inv = Inventory(store)
+    free: dict[Resource, int] = {}
+    for e in entries.values():
+        if (e.pool, e.gpu) not in free:
+            free[(e.pool, e.gpu)] = inv.free(e.pool, e.gpu, e.cpu_slots)
+    decided = scheduler.plan([waiting_of(e) for e in entries.values()], running_now(store), free,
+                             _fits(inv, specs), limits_now(store, now), recent_use(store, now),
+                             now)
+    done = Pass(decided)
+    for start in decided.starts:
+        e = entries[start.name]
+        why = _start(store, e, parsed[e.name], start.backfilled, now)
+        if why is None:
+            done.started.append(e.name)
+        elif why:
+            done.refused[e.name] = why
+    with store.session() as s:
+        for h in decided.held:
+            s.execute(update(QueuedJob).where(QueuedJob.name == h.name,
+                                              QueuedJob.status == QueueStatus.QUEUED)
+                      .values(wait=h.wait.value, reason=h.text, position=h.position,
+                              est_start=h.est_start, decided_at=now))
+    return done
+
+
+def _queued(store: Store) -> list[QueuedJob]:
+    with store.read() as s:
+        return list(s.scalars(select(QueuedJob).where(QueuedJob.status == QueueStatus.QUEUED)
+                              .order_by(QueuedJob.id)))
+
+
+def _start(store: Store, e: QueuedJob, spec: JobSpec, backfilled: bool,
+           now: float) -> str | None:
+    """Start a queued job: None when it started, "" when its devices went to someone else a
+    moment ago (it stays queued), else why it can never start (it leaves the queue)."""
+    with store.session() as s:  # claim it: a cancel that came first wins
+        claimed = s.execute(update(QueuedJob).where(QueuedJob.id == e.id,
+                                                    QueuedJob.status == QueueStatus.QUEUED)
+                            .values(status=QueueStatus.STARTED, left_at=now,
+                                    reason="backfilled: ends before the next job needs its "
+                                    "devices" if backfilled else None))
+        if getattr(claimed, "rowcount", 1) == 0:
+            return ""
+    try:
+        result = submit.submit(store, spec, lambda _offer: None, e.cpu_slots,
+                               owner=(e.user, e.team), from_queue=True)
+        assert isinstance(result, tuple)
+        job, _cluster = result
+        runs.start_detached(store, job, e.cpu_slots)
+    except (AllocationError, ConflictError) as exc:
+        if _busy_error(exc):
+            _requeue(store, e.id)
+            return ""
+        return _refuse(store, e, str(exc), now)
+    except GpufleetError as exc:
+        return _refuse(store, e, str(exc), now)
+    with store.session() as s:
+        waited = now - e.submitted_at
+        accounts.audit(s, "gpufleet", "start", e.name,
+                       f"after {waited:.0f}s in the queue{', backfilled' if backfilled else ''}",
+                       now)
+    return None
+
+
+def _busy_error(exc: GpufleetError) -> bool:
+    return isinstance(exc, AllocationError) or "is busy with job" in str(exc)
+
+
+def _requeue(store: Store, entry_id: int) -> None:
+    with store.session() as s:
+        s.execute(update(QueuedJob).where(QueuedJob.id == entry_id)
+                  .values(status=QueueStatus.QUEUED, left_at=None, reason=None))
+
+
+def _refuse(store: Store, e: QueuedJob, why: str, now: float) -> str:
+    with store.session() as s:
+        s.execute(update(QueuedJob).where(QueuedJob.id == e.id)
+                  .values(status=QueueStatus.REFUSED, reason=why, left_at=now))
+        accounts.audit(s, "gpufleet", "refuse", e.name, why, now)
+    return why
+

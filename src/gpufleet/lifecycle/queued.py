@@ -1,0 +1,236 @@
+"""The queue on the store: a job that cannot start now waits here for its turn.
+
+`run_or_queue` is what `gpufleet run` does (and what the server's POST /jobs does): start the
+job at once when nothing waits ahead of it, its team is within its limits and its devices are
+free; otherwise check everything that would refuse it later (so a queued job is one that can
+run) and record it. The server's loop (`lifecycle.dispatch`) starts queued jobs in turn.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+
+from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
+from gpufleet.lifecycle import accounts, clusters, jobs, pools, submit
+from gpufleet.lifecycle.accounts import Identity
+from gpufleet.lifecycle.provision import Approve, Offer
+from gpufleet.lifecycle.status import QueueStatus
+from gpufleet.pool.allocate import allocate
+from gpufleet.sched import admit
+from gpufleet.sched.model import Limits, Waiting
+from gpufleet.spec import ClusterSpec, JobSpec
+from gpufleet.store import Cluster, Job, QueuedJob, Store
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a job waits for: devices of one type on one pool, or a whole existing cluster."""
+
+    pool: str
+    gpu: str
+    count: int
+    cluster: str | None
+    usd_per_hour: float
+    time_limit_s: float | None
+
+
+def need_of(store: Store, spec: JobSpec) -> Need:
+    if isinstance(spec.cluster, ClusterSpec):
+        c = spec.cluster
+        rate = clusters.quote_for(c).usd_per_hour
+        return Need(c.pool or "local", c.gpu, c.count, None, rate, spec.time_limit_s)
+    assert spec.cluster is not None
+    row = clusters.get(store, spec.cluster)
+    if row.status not in clusters.ACTIVE:
+        raise ConflictError(f"cluster: '{row.name}' is {row.status}; launch a new one")
+    return Need(row.pool or "local", row.gpu, row.count, row.name, row.usd_per_hour,
+                spec.time_limit_s)
+
+
+def waiting_of(e: QueuedJob) -> Waiting:
+    return Waiting(e.name, e.user, e.team, e.priority, e.submitted_at, (e.pool, e.gpu), e.count,
+                   e.cluster, e.time_limit_s, e.usd_per_hour)
+
+
+def _never_fits(store: Store, spec: ClusterSpec, cpu_slots: int | None) -> AllocationError | None:
+    """The refusal the pool would give this request if nothing at all were reserved: a job
+    that could never start is refused now, not queued forever."""
+    prow = pools.resolve(store, spec.pool, spec.backend)
+    nodes = pools.backend_for(prow, cpu_slots).discover()
+    try:
+        allocate(spec.gpu, spec.count, spec.node_count if prow is None else spec.nodes,
+                 spec.fabric if prow is None else spec.network, nodes, {})
+    except AllocationError as exc:
+        return exc
+    return None
+
+
+def limits_now(store: Store, now: float) -> Limits:
+    from gpufleet.lifecycle import ledger
+
+    with store.read() as s:
+        quotas = accounts.quotas(s)
+        budgets = accounts.budgets_for(s, accounts.current_month(now))
+    spent = ledger.spent_since(store, ledger.month_start(now)) if budgets else {}
+    return Limits(quotas, {t: b - spent.get(t, 0.0) for t, b in budgets.items()}, budgets)
+
+
+def check_queueable(store: Store, spec: JobSpec, cpu_slots: int | None,
+                    approve: Approve) -> Need:
+    """Every refusal `submit` would give that does not depend on what is busy now, and the
+    quote approved: what a queued job has passed."""
+    need = need_of(store, spec)
+    if isinstance(spec.cluster, ClusterSpec):
+        c = spec.cluster
+        jobs.check_workers(spec, c.per_node, c.name or "")
+        submit.check_pool_job(spec, c.backend, c.nodes or 1)
+        submit.preflight(spec, c.gpu, submit.first_world(spec, c.count, c.name or "",
+                                                         c.node_count))
+        problem = _never_fits(store, c, cpu_slots)
+        if problem is not None:
+            raise problem
+        q = clusters.quote_for(c)
+        approve(Offer(c, c.pool, c.fabric, q))
+    else:
+        row = clusters.get(store, need.cluster or "")
+        jobs.check_workers(spec, row.count // row.nodes, row.name)
+        submit.check_pool_job(spec, row.backend, row.nodes)
+        submit.preflight(spec, row.gpu, submit.first_world(spec, row.count, row.name, row.nodes))
+    return need
+
+
+def enqueue(store: Store, spec: JobSpec, who: Identity, need: Need, cpu_slots: int | None,
+            now: float) -> QueuedJob:
+    assert spec.name is not None
+    entry = QueuedJob(name=spec.name, user=who.user, team=who.team, priority=spec.priority,
+                      submitted_at=now, spec_json=spec.model_dump_json(), cpu_slots=cpu_slots,
+                      pool=need.pool, gpu=need.gpu, count=need.count, cluster=need.cluster,
+                      usd_per_hour=need.usd_per_hour, time_limit_s=need.time_limit_s,
+                      status=QueueStatus.QUEUED)
+    with store.session() as s:
+        if s.scalar(select(Job.id).where(Job.name == spec.name)) or \
+                s.scalar(select(QueuedJob.id).where(QueuedJob.name == spec.name)):
+            raise ConflictError(f"name: a job named '{spec.name}' already exists; pick another "
+                                "name")
+        s.add(entry)
+        accounts.audit(s, who, "submit", spec.name,
+                       f"queued: {need.count} x {need.gpu} on {need.cluster or need.pool}, "
+                       f"priority {spec.priority}", now)
+    return entry
+
+
+def _busy(store: Store, spec: JobSpec, cpu_slots: int | None) -> bool:
+    """Whether the job's devices (or cluster) are taken now, so it would wait if queued."""
+    if not isinstance(spec.cluster, ClusterSpec):
+        row = clusters.get(store, spec.cluster or "")
+        return clusters.running_job(store, row.id) is not None
+    prow = pools.resolve(store, spec.cluster.pool, spec.cluster.backend)
+    nodes = pools.backend_for(prow, cpu_slots).discover()
+    try:
+        clusters.check(store, spec.cluster, nodes, prow.name if prow else None)
+    except AllocationError:
+        return True
+    return False
+
+
+def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
+                 cpu_slots: int | None, queue: bool = True,
+                 now: float | None = None) -> tuple[Job, Cluster] | QueuedJob:
+    """Start the job now, or queue it (`queue` False: refuse instead, with the reason)."""
+    now = time.time() if now is None else now
+    spec = spec.model_copy(update={"name": jobs.job_name_for(spec)})
+    assert spec.name is not None
+    jobs.check_name_free(store, spec.name)
+    need = need_of(store, spec)
+    limits = limits_now(store, now)
+    w = Waiting(spec.name, who.user, who.team, spec.priority, now, (need.pool, need.gpu),
+                need.count, need.cluster, need.time_limit_s, need.usd_per_hour)
+    never = admit.never_fits(w, limits)
+    if never:
+        raise SpecError([("count", never.split(": ", 1)[1])])
+    with store.read() as s:
+        ahead = s.scalar(select(QueuedJob.id).where(QueuedJob.status == QueueStatus.QUEUED,
+                                                    QueuedJob.pool == need.pool,
+                                                    QueuedJob.gpu == need.gpu).limit(1))
+    held = admit.quota_problem(w, _in_use(store), limits) or \
+        admit.budget_problem(w, limits.budget_left, limits)
+    if not queue:
+        if held:
+            raise ConflictError(f"limits: {held} (without --no-queue it would wait in the queue)")
+        if ahead is not None:
+            raise ConflictError("queue: jobs are waiting for these devices; without --no-queue "
+                                "this job would wait its turn (gpufleet jobs)")
+        return _started(submit.submit(store, spec, approve, cpu_slots,
+                                      owner=(who.user, who.team)), who, now, store)
+    if ahead is None and not held and not _busy(store, spec, cpu_slots):
+        try:
+            return _started(submit.submit(store, spec, approve, cpu_slots,
+                                          owner=(who.user, who.team)), who, now, store)
+        except (AllocationError, ConflictError):
+            if not _busy(store, spec, cpu_slots):
+                raise  # refused for a reason other than devices taken a moment ago
+    need = check_queueable(store, spec, cpu_slots, approve)
+    return enqueue(store, spec, who, need, cpu_slots, now)
+
+
+def _started(result: object, who: Identity, now: float, store: Store) -> tuple[Job, Cluster]:
+    assert isinstance(result, tuple)
+    job, cluster = result
+    with store.session() as s:
+        accounts.audit(s, who, "submit", job.name, f"started at once on cluster {cluster.name}",
+                       now)
+    return job, cluster
+
+
+def _in_use(store: Store) -> dict[tuple[str, str], int]:
+    """Devices each team's running jobs hold, by GPU type."""
+    out: dict[tuple[str, str], int] = {}
+    with store.read() as s:
+        for team, gpu, count in s.execute(
+                select(Job.team, Cluster.gpu, Cluster.count)
+                .join(Cluster, Cluster.id == Job.cluster_id)
+                .where(Job.status.in_(jobs.ACTIVE), Job.team.is_not(None))):
+            if team is not None:
+                out[(team, gpu)] = out.get((team, gpu), 0) + count
+    return out
+
+
+def entry(store: Store, name: str) -> QueuedJob | None:
+    with store.read() as s:
+        return s.scalar(select(QueuedJob).where(QueuedJob.name == name))
+
+
+def waiting(store: Store) -> list[QueuedJob]:
+    with store.read() as s:
+        return list(s.scalars(select(QueuedJob).where(QueuedJob.status == QueueStatus.QUEUED)
+                              .order_by(QueuedJob.id)))
+
+
+def cancel(store: Store, name: str, who: Identity, now: float | None = None) -> QueuedJob:
+    """Take a queued job out of the queue (its owner or an admin)."""
+    now = time.time() if now is None else now
+    e = entry(store, name)
+    if e is None:
+        if jobs.get_or_none(store, name) is not None:
+            raise ConflictError(f"cancel: job '{name}' is not queued (it started); stop it "
+                                f"with gpufleet stop {name}")
+        raise NotFoundError(f"job: no queued job named '{name}' (gpufleet jobs)")
+    accounts.may_act_on(who, e.user, f"cancel {name}")
+    if e.status != QueueStatus.QUEUED:
+        hint = f"; stop it with gpufleet stop {name}" if e.status == QueueStatus.STARTED else ""
+        raise ConflictError(f"cancel: job '{name}' is {e.status}, not queued{hint}")
+    with store.session() as s:
+        done = s.execute(update(QueuedJob).where(QueuedJob.id == e.id,
+                                                 QueuedJob.status == QueueStatus.QUEUED)
+                         .values(status=QueueStatus.CANCELLED, left_at=now,
+                                 reason=f"cancelled by {who.user}"))
+        if getattr(done, "rowcount", 1) == 0:
+            raise ConflictError(f"cancel: job '{name}' left the queue a moment ago "
+                                f"(gpufleet jobs --all)")
+        accounts.audit(s, who, "cancel", name, "", now)
+    found = entry(store, name)
+    assert found is not None
+    return found

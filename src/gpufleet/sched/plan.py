@@ -1,0 +1,168 @@
+"""One pass of the queue: what starts now and, for what waits, why, its place and a likely
+start time.
+
+The rules, in the order they decide for each job (jobs taken in `order.ordered` order):
+- a job over its team's quota or budget waits with that reason and holds up no one;
+- a job on an existing cluster starts when that cluster has no job;
+- otherwise the first job of a (pool, GPU type) that does not fit becomes that resource's head:
+  it gets a start time from the running jobs' time limits (its "shadow" time), and the devices
+  that will be spare then;
+- a job behind a head starts now only if its whole gang fits and it cannot delay the head:
+  it ends (by its time limit) before the head's shadow time, or it takes only the spare devices
+  (EASY backfill). Without a time limit on the jobs the head waits for, nothing jumps it.
+
+Estimated starts assume every job runs to its time limit; a job without one never frees its
+devices in the estimate, so what waits for them has no estimate (None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpufleet.sched import admit
+from gpufleet.sched.model import Fits, Held, Limits, Plan, Resource, Running, Start, Wait, Waiting
+from gpufleet.sched.order import WEIGHT_S_PER_GPU_HOUR, ordered
+
+INF = float("inf")
+
+
+@dataclass
+class _Timeline:
+    """Devices of one resource over time: free now, freed by known ends, taken by what is
+    planned to start later. Counting only (the allocator answers whether a gang fits now)."""
+
+    free_now: int
+    releases: list[tuple[float, int]] = field(default_factory=list)  # (time, devices freed)
+    blocks: list[tuple[float, float, int]] = field(default_factory=list)  # planned (start, end, n)
+
+    def free_at(self, t: float) -> int:
+        freed = sum(n for at, n in self.releases if at <= t)
+        taken = sum(n for s, e, n in self.blocks if s <= t < e)
+        return self.free_now + freed - taken
+
+    def earliest(self, count: int, not_before: float, duration: float | None) -> float | None:
+        """The first time from `not_before` at which `count` devices stay free for `duration`
+        (to the end of the timeline when unknown)."""
+        points = sorted({not_before, *(t for t, _ in self.releases if t > not_before),
+                         *(e for _, e, _ in self.blocks if not_before < e < INF)})
+        for t in points:
+            end = INF if duration is None else t + duration
+            checks = [t, *(s for s, _, _ in self.blocks if t < s < end)]
+            if all(self.free_at(c) >= count for c in checks):
+                return t
+        return None
+
+
+@dataclass
+class _Head:
+    name: str
+    shadow: float | None  # when the head is expected to start; None: cannot be told
+    spare: int  # devices free at the shadow time beyond what the head needs
+
+
+def plan(waiting: Sequence[Waiting], running: Sequence[Running], free: Mapping[Resource, int],
+         fits: Fits, limits: Limits, usage: Mapping[str, float], now: float,
+         weight_s: float = WEIGHT_S_PER_GPU_HOUR) -> Plan:
+    """Decide one pass. `free`: devices of each resource free now; `usage`: each user's recent
+    GPU-hours (`order.recent_gpu_hours`)."""
+    in_use: dict[tuple[str, str], int] = {}
+    for r in running:
+        if r.team is not None:
+            key = (r.team, r.resource[1])
+            in_use[key] = in_use.get(key, 0) + r.count
+    left = dict(limits.budget_left)
+    lines: dict[Resource, _Timeline] = {}
+
+    def line(res: Resource) -> _Timeline:
+        if res not in lines:
+            lines[res] = _Timeline(free.get(res, 0))
+        return lines[res]
+
+    cluster_free_at: dict[str, float | None] = {}
+    for r in running:
+        if r.ends_by is not None:
+            line(r.resource).releases.append((r.ends_by, r.count))
+        if r.cluster is not None:
+            cluster_free_at[r.cluster] = r.ends_by
+    heads: dict[Resource, _Head] = {}
+    starts: list[Start] = []
+    held: list[Held] = []
+
+    def started(w: Waiting, backfilled: bool = False) -> None:
+        starts.append(Start(w.name, backfilled))
+        if w.team is not None:
+            key = (w.team, w.resource[1])
+            in_use[key] = in_use.get(key, 0) + w.count
+            if w.team in left and w.duration_s is not None:
+                left[w.team] -= w.usd_per_hour * w.duration_s / 3600.0
+        if w.cluster is not None:
+            cluster_free_at[w.cluster] = None if w.duration_s is None else now + w.duration_s
+            return
+        tl = line(w.resource)
+        tl.free_now -= w.count
+        if w.duration_s is not None:
+            tl.releases.append((now + w.duration_s, w.count))
+
+    def hold(w: Waiting, wait: Wait, text: str, est: float | None) -> None:
+        held.append(Held(w.name, wait, text, len(held) + 1, est))
+
+    for w in ordered(waiting, usage, weight_s):
+        problem = admit.quota_problem(w, in_use, limits)
+        if problem:
+            hold(w, Wait.QUOTA, problem, None)
+            continue
+        problem = admit.budget_problem(w, left, limits)
+        if problem:
+            hold(w, Wait.BUDGET, problem, None)
+            continue
+        if w.cluster is not None:
+            if w.cluster in cluster_free_at:
+                est = cluster_free_at[w.cluster]
+                hold(w, Wait.CLUSTER, f"cluster {w.cluster} is running another job", est)
+                if est is not None and w.duration_s is not None:
+                    cluster_free_at[w.cluster] = est + w.duration_s
+                else:
+                    cluster_free_at[w.cluster] = None
+                continue
+            started(w)
+            continue
+        tl = line(w.resource)
+        head = heads.get(w.resource)
+        if head is None:
+            if fits(w):
+                started(w)
+                continue
+            shadow = tl.earliest(w.count, now, w.duration_s)
+            if shadow is not None and shadow <= now:  # enough counted, but not in one gang shape
+                later = sorted(t for t, _ in tl.releases if t > now)
+                shadow = later[0] if later else None
+            spare = tl.free_at(shadow) - w.count if shadow is not None else 0
+            heads[w.resource] = _Head(w.name, shadow, max(0, spare))
+            _reserve(tl, shadow, w)
+            hold(w, Wait.DEVICES, f"waits for {w.count} x {w.resource[1]} to be free "
+                 f"({max(0, tl.free_now)} free now)", shadow)
+            continue
+        ends_in_time = (head.shadow is not None and w.duration_s is not None
+                        and now + w.duration_s <= head.shadow)
+        in_spare = head.shadow is not None and w.count <= head.spare
+        if (ends_in_time or in_spare) and fits(w):
+            if not ends_in_time:
+                head.spare -= w.count
+            started(w, backfilled=True)
+            continue
+        est = tl.earliest(w.count, head.shadow if head.shadow is not None else now,
+                          w.duration_s) if head.shadow is not None else None
+        _reserve(tl, est, w)
+        hold(w, Wait.BEHIND, f"behind job {head.name}, which is next for "
+             f"{w.resource[1]} devices", est)
+    return Plan(tuple(starts), tuple(held))
+
+
+def _reserve(tl: _Timeline, at: float | None, w: Waiting) -> None:
+    """Count a waiting job's devices as taken from its estimated start, so the estimates of the
+    jobs behind it come after it."""
+    if at is None:
+        tl.blocks.append((INF, INF, w.count))  # no estimate: it keeps nothing in the timeline
+        return
+    tl.blocks.append((at, INF if w.duration_s is None else at + w.duration_s, w.count))
