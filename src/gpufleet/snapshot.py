@@ -29,6 +29,7 @@ COLUMNS = {
                  "created_at", "pool", "simulated"),
     "jobs": ("id", "name", "status", "cluster_id"),
     "reservations": ("cluster_id",),
+    "queue": ("status",),
 }
 
 
@@ -81,6 +82,8 @@ def _rows(db: sqlite3.Connection, every: bool, now: float) -> list[dict[str, Any
                              [str(s) for s in JOB_ACTIVE]).fetchone()[0]
     if active_jobs:
         return None
+    if db.execute("SELECT count(*) FROM queue WHERE status = 'queued'").fetchone()[0]:
+        return None  # queued jobs: `stop --all` cancels them, `list` goes through the store
     cols = COLUMNS["clusters"]
     q = f"SELECT {', '.join(cols)} FROM clusters"
     if not every:

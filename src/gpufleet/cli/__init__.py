@@ -13,7 +13,8 @@ from typing import NoReturn
 
 # The order of these imports is the order of the commands in `gpufleet --help`.
 # isort: off
-from gpufleet.cli import catalog, plan, clusters, pools, jobs, dashboard, measure  # noqa: F401
+from gpufleet.cli import catalog, plan, clusters, pools, jobs, queue, dashboard, measure  # noqa: F401
+from gpufleet.cli import server, admin  # noqa: F401
 # isort: on
 from gpufleet.cli.app import app, err, silence_stdout
 from gpufleet.cli.lean import lean

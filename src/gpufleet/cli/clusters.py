@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, approve_quote, confirm, out, print_json, store
+from gpufleet.cli.app import COMMAND, app, approve_quote, confirm, out, print_json, remote, store
 from gpufleet.cli.options import (
     Backend,
     ClusterName,
@@ -192,6 +192,23 @@ def _nothing_running() -> bool:
     return quick_rows(state_path(), False, time.time()) == []
 
 
+def _end_idle_server() -> None:
+    """After `stop --all` nothing is queued or running: the local server (if one runs) has
+    nothing left to do, so it is ended now rather than when its idle time runs out."""
+    import os
+    import signal
+
+    from gpufleet.home import home_path
+    from gpufleet.server import local
+
+    info = local.running(home_path())
+    if info is not None:
+        try:
+            os.kill(int(info["pid"]), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
 def _describe(plan: StopPlan) -> list[str]:
     """One line per cluster a stop ends, with the job running on it."""
     lines = []
@@ -213,12 +230,32 @@ def stop(
     clusters and jobs it stops."""
     if not name and not all_:
         raise SpecError([("name", "give a cluster or job name, or --all")])
+    client = remote()
+    if client is not None:
+        if all_ or not name:
+            raise SpecError([("all", "with a server, stop jobs by name (gpufleet jobs lists "
+                              "yours); --all stops this machine's own clusters after logout")])
+        confirm(f"Stop job {name}?", yes)
+        got = client.call("POST", f"/api/v1/jobs/{name}/stop")
+        out.print(f"Job {name}: {got['status']}")
+        return
     if all_ and not name and _nothing_running():
         out.print("No running clusters.")
+        _end_idle_server()
         return
-    from gpufleet.lifecycle import runs
+    from gpufleet.lifecycle import accounts, queued, runs
 
     st = store()
+    waiting = queued.entry(st, name) if name else None
+    if waiting is not None and waiting.status == "queued":
+        confirm(f"Cancel job {name} (queued)?", yes)
+        queued.cancel(st, waiting.name, accounts.local_identity(st))
+        out.print(f"Job {name}: cancelled (it was queued)")
+        return
+    if all_:
+        for e in queued.waiting(st):  # or they would start on the devices this frees
+            queued.cancel(st, e.name, accounts.local_identity(st))
+            out.print(f"Job {e.name}: cancelled (it was queued)")
     plan = runs.plan_stop(st, name, every=all_)
     if plan.already_stopped:
         out.print(f"Cluster {name} is already stopped.")
@@ -242,3 +279,5 @@ def stop(
     for c, _job in plan.clusters:
         stopped, spent = runs.stop_cluster(st, c)
         out.print(f"Cluster {stopped.name}: {stopped.status}, devices freed, cost ${spent:.4f}")
+    if all_:
+        _end_idle_server()

@@ -14,14 +14,12 @@ if TYPE_CHECKING:
     from gpufleet.store import Store
 
 
-def job_spec(file: Path | None, script: str | None, args: list[str], env: list[str],
-             flags: dict[str, Any], inline: dict[str, Any],
-             cluster: str | None) -> tuple[Store, JobSpec]:
-    """The job spec from the YAML file and the flags (flags win); the store, opened when a new
-    cluster's pool must be resolved."""
+def job_data(file: Path | None, script: str | None, args: list[str], env: list[str],
+             flags: dict[str, Any], inline: dict[str, Any], cluster: str | None) -> dict[str, Any]:
+    """The job as data from the YAML file and the flags (flags win), before validation: what
+    goes to a server, which checks it against its own store."""
     from gpufleet.cli.env_pairs import merged_env
-    from gpufleet.lifecycle.provision import with_pool
-    from gpufleet.spec import JobSpec, load_yaml
+    from gpufleet.spec import load_yaml
 
     data: dict[str, Any] = load_yaml(file) if file else {}
     if script is not None:
@@ -45,6 +43,18 @@ def job_spec(file: Path | None, script: str | None, args: list[str], env: list[s
     data.setdefault("workdir", str(Path.cwd()))
     if data.get("cluster") is None:
         raise SpecError([("cluster", "give --cluster NAME, or --gpu and --count for a new cluster")])
+    return data
+
+
+def job_spec(file: Path | None, script: str | None, args: list[str], env: list[str],
+             flags: dict[str, Any], inline: dict[str, Any],
+             cluster: str | None) -> tuple[Store, JobSpec]:
+    """The job spec from the YAML file and the flags (flags win); the store, opened when a new
+    cluster's pool must be resolved."""
+    from gpufleet.lifecycle.provision import with_pool
+    from gpufleet.spec import JobSpec
+
+    data = job_data(file, script, args, env, flags, inline, cluster)
     st = store()
     if isinstance(data["cluster"], dict):
         data["cluster"] = with_pool(st, data["cluster"])

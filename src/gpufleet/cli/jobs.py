@@ -5,13 +5,13 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, approve_quote, out, print_json, store
+from gpufleet.cli.app import COMMAND, app, approve_quote, out, print_json, remote, store
 from gpufleet.cli.help import with_panels
-from gpufleet.cli.job_spec import job_spec
+from gpufleet.cli.job_spec import job_data, job_spec
 from gpufleet.cli.options import (
     BootstrapOpt,
     Count,
@@ -25,13 +25,16 @@ from gpufleet.cli.options import (
     Microbatches,
     Network,
     Nodes,
+    NoQueue,
     OnCluster,
     PoolOpt,
     Pp,
     PpSchedule,
     PriceBook,
+    Priority,
     RunPrecision,
     Strategy,
+    TimeLimit,
     TotalSteps,
     Tp,
     Yes,
@@ -41,10 +44,12 @@ from gpufleet.cli.supervising import hand_over, print_dry_run, script_notes, war
 from gpufleet.errors import SpecError
 
 if TYPE_CHECKING:
+    from gpufleet.server.client import Client
     from gpufleet.store import Store
 
 CLUSTER, LAYOUT, PRECISION = "Cluster", "Layout", "Precision and framework"
 SURVIVAL, OUTPUT, PROGRESS = "Survival", "Output", "Progress of any script"
+QUEUE = "Queue"
 RUN_PANELS = {
     **dict.fromkeys(("cluster", "gpu", "count", "network", "disk", "price_book", "nodes", "pool",
                      "cpu_slots", "keep"), CLUSTER),
@@ -54,6 +59,7 @@ RUN_PANELS = {
     **dict.fromkeys(("max_restarts", "hang_timeout", "checkpoint_to", "workers", "scale_up_util",
                      "scale_down_util", "cooldown", "resume"), SURVIVAL),
     **dict.fromkeys(("total_steps", "loss_pattern", "bootstrap"), PROGRESS),
+    **dict.fromkeys(("priority", "time_limit", "no_queue"), QUEUE),
     **dict.fromkeys(("name", "file", "dry_run", "detach", "yes", "help"), OUTPUT),
 }
 
@@ -105,6 +111,9 @@ def run(
     total_steps: TotalSteps = None,
     loss_pattern: LossPattern = None,
     bootstrap: BootstrapOpt = True,
+    priority: Priority = None,
+    time_limit: TimeLimit = None,
+    no_queue: NoQueue = False,
     name: Annotated[str | None, typer.Option("--name", help="Job name.")] = None,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Job YAML.")] = None,
     dry_run: Annotated[bool, typer.Option(
@@ -112,7 +121,10 @@ def run(
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Return at once.")] = False,
     yes: Yes = False,
 ) -> None:
-    """Run a torchrun-style script on a cluster (existing, or new from --gpu/--count)."""
+    """Run a torchrun-style script on a cluster (existing, or new from --gpu/--count).
+
+    When its devices are busy the job is queued (gpufleet jobs shows its place) and starts
+    when its whole gang is free; --no-queue refuses instead."""
     from gpufleet.lifecycle import submit
 
     if resume is not None:
@@ -133,17 +145,45 @@ def run(
              "checkpoint_to": checkpoint_to, "workers": workers, "scale_up_util": scale_up_util,
              "scale_down_util": scale_down_util, "cooldown": cooldown,
              "total_steps": total_steps, "loss_pattern": loss_pattern,
-             "bootstrap": None if bootstrap else False}
+             "bootstrap": None if bootstrap else False, "priority": priority,
+             "time_limit": time_limit}
     inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
               "price_book": price_book, "nodes": nodes, "pool": pool}
+    client = remote()
+    if client is not None:
+        from gpufleet.cli.remote_run import run_remote
+
+        if dry_run:
+            raise SpecError([("dry_run", "--dry-run plans on this machine's state; with a "
+                              "server it is not available yet (gpufleet logout to plan here)")])
+        data = job_data(file, script, list(ctx.args), env or [], flags, inline, cluster)
+        run_remote(client, data, not no_queue, cpu_slots, detach)
+        return
     st, spec = job_spec(file, script, list(ctx.args), env or [], flags, inline, cluster)
     approve, tell = warned_first(script_notes(spec), approve_quote(yes))
-    result = submit.submit(st, spec, approve, cpu_slots, dry_run)
+    if dry_run:
+        dry = submit.submit(st, spec, approve, cpu_slots, dry_run=True)
+        tell()
+        assert not isinstance(dry, tuple)
+        print_dry_run(dry)
+        return
+    from gpufleet.lifecycle import accounts, queued
+
+    result = queued.run_or_queue(st, spec, accounts.local_identity(st), approve, cpu_slots,
+                                 queue=not no_queue)
     tell()
     if isinstance(result, tuple):
         hand_over(st, *result, detach, cpu_slots)
-    else:
-        print_dry_run(result)
+        return
+    from gpufleet.cli.follow import LocalSource, wait_and_follow
+    from gpufleet.cli.queue import queued_message
+    from gpufleet.server import local
+    from gpufleet.store import gpufleet_home
+
+    local.ensure(gpufleet_home(), cpu_slots)
+    queued_message(result.name, queued.entry(st, result.name), detach)
+    if not detach:
+        wait_and_follow(LocalSource(st), result.name)
 
 
 @app.command(cls=COMMAND)
@@ -156,7 +196,13 @@ def logs(
     from gpufleet.errors import NotFoundError
     from gpufleet.lifecycle import jobs, reconcile
 
+    client = remote()
+    if client is not None:
+        _remote_logs(client, job, follow, rank)
+        return
     st = store()
+    if jobs.get_or_none(st, job) is None:
+        _queued_first(st, job, follow)
     j = jobs.get(st, job)
     path = Path(j.job_dir) / ("job.log" if rank is None else f"logs/rank{rank}.log")
     if rank is not None and not 0 <= rank < j.world_size:
@@ -197,13 +243,20 @@ def status(
 
     # An ended job is read straight from the state file (see gpufleet.snapshot_job); any
     # other goes through the store, which first records a dead supervisor.
+    client = remote()
     st: Store | None = None
-    detail = ended_job_detail(state_path(), job, time.time())
+    detail = ended_job_detail(state_path(), job, time.time()) if client is None else None
+    if client is not None:
+        detail = client.call("GET", f"/api/v1/jobs/{job}")
     if detail is None:
         from gpufleet.views import job_detail
 
         st = store()
-        detail = job_detail(st, job, time.time())
+        waiting = _queue_row(st, job)
+        detail = waiting if waiting is not None else job_detail(st, job, time.time())
+    if "queued" in detail:  # no job record yet: its place in the queue
+        _print_queued(detail, as_json)
+        return
     if as_json:
         print_json(detail)
         return
@@ -218,12 +271,83 @@ def status(
 
     from gpufleet.views import job_detail
 
-    st = st or store()  # following an active job: always through the store
+    def fresh() -> dict[str, Any]:
+        if client is not None:
+            got: dict[str, Any] = client.call("GET", f"/api/v1/jobs/{job}")
+            return got
+        return job_detail(st or store(), job, time.time())
+
     try:
         with Live(ui.status_view(detail), console=out, refresh_per_second=2) as live:
             while detail["status"] in JOB_ACTIVE:
-                time.sleep(0.5)
-                detail = job_detail(st, job, time.time())
+                time.sleep(0.5 if client is None else 1.0)
+                detail = fresh()
                 live.update(ui.status_view(detail))
     except KeyboardInterrupt:  # leaving the view does not stop the job
         return
+
+
+def _queue_row(st: Store, name: str) -> dict[str, Any] | None:
+    """A job still in the queue (or that left it without starting), as `status` shows it."""
+    from gpufleet.lifecycle import jobs, listing, queued
+
+    if jobs.get_or_none(st, name) is not None:
+        return None
+    e = queued.entry(st, name)
+    return {**listing.queued_row(e), "queued": True} if e is not None else None
+
+
+def _print_queued(row: dict[str, Any], as_json: bool) -> None:
+    from gpufleet.cli.follow import queue_line
+
+    if as_json:
+        print_json(row)
+        return
+    if row["status"] == "queued":
+        out.print(f"Job {row['name']} ({row['count']} x {row['gpu']}, user {row['user']}) is "
+                  f"{queue_line(row, time.time())}", markup=False, highlight=False,
+                  soft_wrap=True)
+    else:
+        out.print(f"Job {row['name']} left the queue without starting: {row['status']}"
+                  + (f" ({row['reason']})" if row.get("reason") else ""), markup=False,
+                  highlight=False)
+
+
+def _queued_first(st: Store, name: str, follow: bool) -> None:
+    """`logs` of a job that has not started: say so, and with -f wait for its start."""
+    from gpufleet.cli.follow import queue_line
+    from gpufleet.errors import ConflictError
+    from gpufleet.lifecycle import jobs, listing, queued
+
+    e = queued.entry(st, name)
+    if e is None:
+        return  # jobs.get then says which jobs there are
+    if e.status != "queued":
+        raise ConflictError(f"logs: job '{name}' left the queue without starting ({e.status}"
+                            f"{': ' + e.reason if e.reason else ''}); it has no log")
+    from gpufleet.cli.app import err
+
+    err.print(f"Job {name} is {queue_line(listing.queued_row(e), time.time())}; its log "
+              "starts when it runs.", markup=False, highlight=False, soft_wrap=True)
+    if not follow:
+        raise typer.Exit(0)
+    while jobs.get_or_none(st, name) is None:
+        e = queued.entry(st, name)
+        if e is None or e.status != "queued":
+            raise ConflictError(f"logs: job '{name}' left the queue without starting")
+        time.sleep(0.5)
+
+
+def _remote_logs(client: Client, name: str, follow: bool, rank: int | None) -> None:
+    offset = 0
+    while True:
+        got = client.call("GET", f"/api/v1/jobs/{name}/logs",
+                          query={"offset": offset, "rank": rank})
+        sys.stdout.write(got["text"])
+        sys.stdout.flush()
+        offset = got["offset"]
+        if got["more"]:
+            continue
+        if not follow or not got["active"]:
+            return
+        time.sleep(1.0)

@@ -88,3 +88,13 @@ CalibrationOut = Annotated[Path | None, typer.Option(
 
 # -- pools ---------------------------------------------------------------------------------------
 NoDefault = Annotated[bool, typer.Option("--no-default", help="Keep the current default pool.")]
+
+# -- the queue -----------------------------------------------------------------------------------
+Priority = Annotated[int | None, typer.Option(
+    "--priority", help="Higher starts first (-100 to 100); same priority: first come, first "
+    "served, with fair share between users." + default("0"))]
+TimeLimit = Annotated[str | None, typer.Option(
+    "--time-limit", help="Stop the job after this long, e.g. 30m, 2h; the queue plans with it "
+    "(estimated starts, small jobs started early).")]
+NoQueue = Annotated[bool, typer.Option(
+    "--no-queue", help="Refuse instead of queueing when the devices are busy.")]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
-from gpufleet.lifecycle import accounts, clusters, jobs, pools, submit
+from gpufleet.lifecycle import accounts, clusters, jobs, pools, submit, teams
 from gpufleet.lifecycle.accounts import Identity
 from gpufleet.lifecycle.provision import Approve, Offer
 from gpufleet.lifecycle.status import QueueStatus
@@ -155,7 +155,7 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
         ahead = s.scalar(select(QueuedJob.id).where(QueuedJob.status == QueueStatus.QUEUED,
                                                     QueuedJob.pool == need.pool,
                                                     QueuedJob.gpu == need.gpu).limit(1))
-    held = admit.quota_problem(w, _in_use(store), limits) or \
+    held = admit.quota_problem(w, teams.in_use(store), limits) or \
         admit.budget_problem(w, limits.budget_left, limits)
     if not queue:
         if held:
@@ -183,19 +183,6 @@ def _started(result: object, who: Identity, now: float, store: Store) -> tuple[J
         accounts.audit(s, who, "submit", job.name, f"started at once on cluster {cluster.name}",
                        now)
     return job, cluster
-
-
-def _in_use(store: Store) -> dict[tuple[str, str], int]:
-    """Devices each team's running jobs hold, by GPU type."""
-    out: dict[tuple[str, str], int] = {}
-    with store.read() as s:
-        for team, gpu, count in s.execute(
-                select(Job.team, Cluster.gpu, Cluster.count)
-                .join(Cluster, Cluster.id == Job.cluster_id)
-                .where(Job.status.in_(jobs.ACTIVE), Job.team.is_not(None))):
-            if team is not None:
-                out[(team, gpu)] = out.get((team, gpu), 0) + count
-    return out
 
 
 def entry(store: Store, name: str) -> QueuedJob | None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpufleet import catalog
 from gpufleet.backends.kinds import capabilities
@@ -105,6 +106,16 @@ def _importable(module: str) -> bool:
     except subprocess.TimeoutExpired:
         return False
     return probe.returncode == 0
+
+
+def parse_job(store: Store, data: dict[str, Any]) -> JobSpec:
+    """A job spec sent as data (the API's POST /jobs), with a new cluster's pool resolved
+    against this store as `run` resolves it."""
+    from gpufleet.lifecycle.provision import with_pool
+
+    if isinstance(data.get("cluster"), dict):
+        data = {**data, "cluster": with_pool(store, data["cluster"])}
+    return JobSpec.parse(data)
 
 
 def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None = None,

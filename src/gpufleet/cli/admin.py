@@ -1,0 +1,249 @@
+"""`admin`: users and their tokens, team quotas and budgets, the audit trail; and `usage`."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+
+from gpufleet.cli.app import COMMAND, app, group, out, print_json, remote, store
+from gpufleet.cli.options import Json
+from gpufleet.errors import SpecError
+
+admin = group("Users, team quotas and budgets, the audit trail (admins).")
+user_group = group("Users and their tokens.")
+quota_group = group("A team's GPU quotas: devices of a type at once.")
+budget_group = group("A team's monthly budget in dollars.")
+admin.add_typer(user_group, name="user")
+admin.add_typer(quota_group, name="quota")
+admin.add_typer(budget_group, name="budget")
+app.add_typer(admin, name="admin")
+
+
+def _local() -> tuple[Any, Any]:
+    from gpufleet.lifecycle import accounts
+
+    st = store()
+    return st, accounts.local_identity(st)
+
+
+@user_group.command("add", cls=COMMAND)
+def user_add(
+    name: Annotated[str, typer.Argument(help="User name.")],
+    team: Annotated[str | None, typer.Option("--team", help="Their team (made if new).")] = None,
+    is_admin: Annotated[bool, typer.Option("--admin", help="May act on everyone's jobs.")] = False,
+) -> None:
+    """Add a user and print their token (shown once; kept only as a hash)."""
+    client = remote()
+    if client is not None:
+        token = client.call("POST", "/api/v1/admin/users",
+                            {"name": name, "team": team, "admin": is_admin})["token"]
+    else:
+        from gpufleet.lifecycle import accounts
+
+        st, me = _local()
+        token = accounts.add_user(st, me, name, team, is_admin)
+    typer.echo(token)
+    typer.echo(f"user {name} added{f' to team {team}' if team else ''}; give them the token "
+               "above (they run gpufleet login URL --token-file FILE)", err=True)
+
+
+@user_group.command("list", cls=COMMAND)
+def user_list(as_json: Json = False) -> None:
+    """Users, their teams and who is an admin."""
+    client = remote()
+    if client is not None:
+        rows = client.call("GET", "/api/v1/admin/users")
+    else:
+        from gpufleet.lifecycle import accounts
+
+        st, me = _local()
+        accounts.require_admin(me, "admin user list")
+        rows = accounts.users(st)
+    if as_json:
+        print_json(rows)
+        return
+    for r in rows:
+        out.print(f"{r['name']:<20} {r['team'] or '-':<16} {'admin' if r['admin'] else ''}",
+                  highlight=False)
+
+
+@user_group.command("remove", cls=COMMAND)
+def user_remove(name: Annotated[str, typer.Argument(help="User name.")]) -> None:
+    """Remove a user: their token stops working; their jobs and usage stay."""
+    client = remote()
+    if client is not None:
+        client.call("DELETE", f"/api/v1/admin/users/{name}")
+    else:
+        from gpufleet.lifecycle import accounts
+
+        st, me = _local()
+        accounts.remove_user(st, me, name)
+    out.print(f"user {name} removed")
+
+
+def _devices(value: str) -> int | None:
+    if value == "none":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise SpecError([("devices", f"'{value}' is not a number of devices; use 0 or more, "
+                          "or 'none' to remove the quota")]) from None
+
+
+@quota_group.command("set", cls=COMMAND)
+def quota_set(
+    team: Annotated[str, typer.Argument(help="Team.")],
+    gpu: Annotated[str, typer.Argument(help="GPU type, e.g. H100 or cpu.")],
+    devices: Annotated[str, typer.Argument(help="At most this many at once ('none': no cap).")],
+) -> None:
+    """At most N devices of a GPU type held by the team's jobs at once."""
+    n = _devices(devices)
+    _show_team(_put("/api/v1/admin/quotas", {"team": team, "gpu": gpu, "devices": n},
+                    lambda st, me: _set_quota(st, me, team, gpu, n)))
+
+
+def _set_quota(st: Any, me: Any, team: str, gpu: str, n: int | None) -> dict[str, Any]:
+    from gpufleet.lifecycle import accounts, teams
+
+    accounts.set_quota(st, me, team, gpu, n)
+    return teams.team_view(st, team, time.time())
+
+
+@budget_group.command("set", cls=COMMAND)
+def budget_set(
+    team: Annotated[str, typer.Argument(help="Team.")],
+    usd: Annotated[str, typer.Argument(help="Dollars a month ('none': no cap).")],
+    month: Annotated[str | None, typer.Option(
+        "--month", help="Only this month, YYYY-MM. \\[default: every month]")] = None,
+) -> None:
+    """The team's budget: jobs are held in the queue once it is spent."""
+    try:
+        amount = None if usd == "none" else float(usd.lstrip("$"))
+    except ValueError:
+        raise SpecError([("usd", f"'{usd}' is not an amount of dollars; use e.g. 500 or "
+                          "'none'")]) from None
+    _show_team(_put("/api/v1/admin/budgets", {"team": team, "usd": amount, "month": month},
+                    lambda st, me: _set_budget(st, me, team, amount, month)))
+
+
+def _set_budget(st: Any, me: Any, team: str, usd: float | None,
+                month: str | None) -> dict[str, Any]:
+    from gpufleet.lifecycle import accounts, teams
+
+    accounts.set_budget(st, me, team, usd, month, time.time())
+    return teams.team_view(st, team, time.time())
+
+
+def _put(path: str, body: dict[str, Any], here: Any) -> dict[str, Any]:
+    client = remote()
+    if client is not None:
+        got: dict[str, Any] = client.call("PUT", path, body)
+        return got
+    st, me = _local()
+    done: dict[str, Any] = here(st, me)
+    return done
+
+
+def _show_team(t: dict[str, Any]) -> None:
+    from gpufleet import ui
+
+    quotas = ", ".join(f"{g}: {t['in_use'].get(g, 0)}/{n}" for g, n in t["quotas"].items())
+    budget = "no budget" if t["budget_usd"] is None else \
+        f"{ui.usd(t['spent_usd'])} of {ui.usd(t['budget_usd'])} spent in {t['month']}"
+    out.print(f"team {t['team']}: quotas {quotas or 'none'}; {budget}; users "
+              f"{', '.join(t['users']) or 'none'}", highlight=False)
+
+
+@admin.command("teams", cls=COMMAND)
+def teams_cmd(as_json: Json = False) -> None:
+    """Every team: users, quotas against what is in use, budget against what is spent."""
+    client = remote()
+    if client is not None:
+        rows = client.call("GET", "/api/v1/admin/teams")
+    else:
+        from gpufleet.lifecycle import teams
+
+        st, _me = _local()
+        rows = [teams.team_view(st, t, time.time()) for t in teams.team_names(st)]
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        out.print("No teams (gpufleet admin user add NAME --team TEAM makes one).")
+    for t in rows:
+        _show_team(t)
+
+
+@admin.command("audit", cls=COMMAND)
+def audit(
+    since: Annotated[str, typer.Option("--since", help="How far back, e.g. 1h, 7d.")] = "30d",
+    user: Annotated[str | None, typer.Option("--user", help="Only this user's actions.")] = None,
+    as_json: Json = False,
+) -> None:
+    """Who submitted, cancelled or stopped what, and who changed users, quotas, budgets."""
+    from gpufleet.spec import parse_duration
+
+    client = remote()
+    if client is not None:
+        rows = client.call("GET", "/api/v1/admin/audit", query={"since": since, "user": user})
+    else:
+        from gpufleet.lifecycle import accounts
+
+        try:
+            start = time.time() - parse_duration(since)
+        except ValueError as exc:
+            raise SpecError([("since", str(exc))]) from None
+        st, me = _local()
+        accounts.require_admin(me, "admin audit")
+        rows = accounts.audit_log(st, start, user)
+    if as_json:
+        print_json(rows)
+        return
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"]))
+        out.print(f"{when}  {r['user']:<14} {r['action']:<12} {r['subject']:<24} {r['detail']}",
+                  markup=False, highlight=False)
+
+
+@app.command(cls=COMMAND)
+def usage(
+    by: Annotated[str, typer.Option("--by", help="Group by user, team, gpu or job.")] = "user",
+    since: Annotated[str, typer.Option("--since", help="How far back, e.g. 7d, 30d.")] = "30d",
+    as_json: Json = False,
+) -> None:
+    """What jobs cost, from the billing ledger: dollars and GPU-hours per user, team, GPU type
+    or job; the groups add up to the total exactly."""
+    from gpufleet import ui
+
+    client = remote()
+    if client is not None:
+        got = client.call("GET", "/api/v1/usage", query={"by": by, "since": since})
+    else:
+        from gpufleet.lifecycle import ledger
+        from gpufleet.spec import parse_duration
+
+        if by not in ledger.GROUPS:
+            raise SpecError([("by", f"'{by}' is not a grouping; allowed: "
+                              f"{', '.join(ledger.GROUPS)}")])
+        try:
+            start = time.time() - parse_duration(since)
+        except ValueError as exc:
+            raise SpecError([("since", str(exc))]) from None
+        st = store()
+        ledger.accrue(st, time.time())
+        got = ledger.usage(ledger.rows(st, start), by)
+    if as_json:
+        print_json(got)
+        return
+    from rich.table import Table
+
+    t = Table(box=None, pad_edge=False)
+    for col in (by.upper(), "COST", "GPU-HOURS", "JOBS"):
+        t.add_column(col)
+    for g in got["groups"]:
+        t.add_row(g[by], ui.usd(g["usd"]), f"{g['gpu_hours']:.3f}", str(g["jobs"]))
+    t.add_row("total", ui.usd(got["usd"]), f"{got['gpu_hours']:.3f}", "", style="bold")
+    out.print(t)

@@ -1,0 +1,155 @@
+"""Waiting for a queued job and then following it, for `run` without -d: its place in the
+queue while it waits, its log once it runs, its outcome as the exit code. The same loop reads
+the local store or a server (`Source`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import typer
+
+from gpufleet.cli.app import err, out
+
+if TYPE_CHECKING:
+    from gpufleet.server.client import Client
+    from gpufleet.store import Store
+
+POLL_S = 0.5
+
+
+class Source(Protocol):
+    def waiting(self, name: str) -> dict[str, Any] | None:
+        """The queue row while the job has no job record yet; None once it started."""
+
+    def log(self, name: str, offset: int) -> dict[str, Any]:
+        """{"text", "offset", "more", "active", "status"} from `offset` of the job's log."""
+
+    def cancel(self, name: str) -> None: ...
+
+    def stop(self, name: str) -> None: ...
+
+
+class LocalSource:
+    def __init__(self, store: Store):
+        self.store = store
+
+    def waiting(self, name: str) -> dict[str, Any] | None:
+        from gpufleet.lifecycle import jobs, listing, queued
+
+        if jobs.get_or_none(self.store, name) is not None:
+            return None
+        e = queued.entry(self.store, name)
+        return listing.queued_row(e) if e is not None else None
+
+    def log(self, name: str, offset: int) -> dict[str, Any]:
+        from gpufleet.lifecycle import jobs, reconcile
+
+        j = reconcile.refresh(self.store, name)
+        path = Path(j.job_dir) / "job.log"
+        text = b""
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                text = f.read(1 << 20)
+        size = path.stat().st_size if path.exists() else 0
+        return {"text": text.decode("utf-8", "replace"), "offset": offset + len(text),
+                "more": offset + len(text) < size, "active": j.status in jobs.ACTIVE,
+                "status": j.status, "reason": j.reason}
+
+    def cancel(self, name: str) -> None:
+        from gpufleet.lifecycle import accounts, queued
+
+        queued.cancel(self.store, name, accounts.local_identity(self.store))
+
+    def stop(self, name: str) -> None:
+        from gpufleet.lifecycle import jobs, runs
+
+        runs.stop_job(self.store, jobs.get(self.store, name))
+
+
+class RemoteSource:
+    def __init__(self, client: Client):
+        self.client = client
+
+    def waiting(self, name: str) -> dict[str, Any] | None:
+        got = self.client.call("GET", f"/api/v1/jobs/{name}")
+        return got if got.get("queued") else None
+
+    def log(self, name: str, offset: int) -> dict[str, Any]:
+        got: dict[str, Any] = self.client.call("GET", f"/api/v1/jobs/{name}/logs",
+                                               query={"offset": offset})
+        return got
+
+    def cancel(self, name: str) -> None:
+        self.client.call("POST", f"/api/v1/jobs/{name}/cancel")
+
+    def stop(self, name: str) -> None:
+        self.client.call("POST", f"/api/v1/jobs/{name}/stop")
+
+
+def when(t: float | None, now: float) -> str:
+    """An estimated start in words: 'in about 4m' (or 'not known')."""
+    if t is None:
+        return "not known (what it waits for has no --time-limit)"
+    left = max(0.0, t - now)
+    if left < 60:
+        return f"in about {left:.0f}s"
+    if left < 3600:
+        return f"in about {left / 60:.0f}m"
+    return f"in about {left / 3600:.1f}h"
+
+
+def queue_line(row: dict[str, Any], now: float) -> str:
+    pos = row.get("position")
+    where = f"position {pos}" if pos else "waiting for its first turn"
+    reason = row.get("reason") or "waiting for devices"
+    return f"queued: {where}, estimated start {when(row.get('est_start'), now)}; {reason}"
+
+
+def wait_and_follow(source: Source, name: str) -> None:
+    """Until the job ends; exits 0 if it succeeded, 1 if not, 130 after Ctrl-C (which cancels
+    a job still queued and stops one that runs)."""
+    started = False
+    try:
+        said = ""
+        while True:
+            row = source.waiting(name)
+            if row is None:
+                break
+            if row["status"] != "queued":
+                err.print(f"Job {name} left the queue: {row['status']}"
+                          + (f" ({row['reason']})" if row.get("reason") else ""),
+                          markup=False, highlight=False)
+                raise typer.Exit(1)
+            line = queue_line(row, time.time())
+            if line.split(", estimated")[0] + (row.get("reason") or "") != said:
+                said = line.split(", estimated")[0] + (row.get("reason") or "")
+                err.print(line, markup=False, highlight=False, soft_wrap=True)
+            time.sleep(POLL_S)
+        started = True
+        err.print(f"Job {name} started.", highlight=False)
+        offset, last = 0, {}
+        while True:
+            last = source.log(name, offset)
+            if last["text"]:
+                out.print(last["text"], end="", markup=False, highlight=False, soft_wrap=True,
+                          emoji=False)
+            offset = last["offset"]
+            if not last["active"] and not last["more"]:
+                break
+            if not last["more"]:
+                time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        if started:
+            source.stop(name)
+            err.print(f"Stopped job {name}.", highlight=False)
+        else:
+            source.cancel(name)
+            err.print(f"Cancelled job {name} (it was still queued).", highlight=False)
+        raise typer.Exit(130) from None
+    status = last.get("status")
+    err.print(f"Job {name}: {status}" + (f" ({last['reason']})" if last.get("reason") else ""),
+              markup=False, highlight=False)
+    raise typer.Exit(0 if status == "succeeded" else 1)

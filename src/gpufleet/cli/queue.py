@@ -1,0 +1,104 @@
+"""Queue commands: `jobs` (queued, running and ended jobs in one list) and `cancel`."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpufleet.cli.app import COMMAND, app, err, out, print_json, remote, store
+from gpufleet.cli.options import Json
+
+if TYPE_CHECKING:
+    from gpufleet.store import QueuedJob
+
+
+def queued_message(name: str, entry: QueuedJob | None, detach: bool) -> None:
+    from gpufleet.cli.follow import queue_line
+    from gpufleet.lifecycle import listing
+
+    row = listing.queued_row(entry) if entry is not None else {}
+    err.print(f"Job {name} is queued: its devices are busy.", highlight=False)
+    if row:
+        err.print("  " + queue_line(row, time.time()), markup=False, highlight=False,
+                  soft_wrap=True)
+    if detach:
+        err.print(f"  place:   gpufleet jobs\n  cancel:  gpufleet cancel {name}\n"
+                  f"  follow:  gpufleet logs {name} -f   (once it started)", highlight=False)
+
+
+def _age(t: float | None, now: float) -> str:
+    if t is None:
+        return "-"
+    d = now - t
+    return f"{d:.0f}s ago" if d < 60 else f"{d / 60:.0f}m ago" if d < 3600 else \
+        f"{d / 3600:.1f}h ago"
+
+
+def _table(rows: list[dict[str, Any]], now: float) -> Any:
+    from rich.table import Table
+
+    from gpufleet import ui
+    from gpufleet.cli.follow import when
+
+    t = Table(box=None, pad_edge=False)
+    for col in ("JOB", "USER", "STATUS", "PRI", "DEVICES", "SUBMITTED", "START", "COST",
+                "NOTE"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        queued = r["status"] == "queued"
+        start = (f"#{r['position']} " if r.get("position") else "") + \
+            when(r.get("est_start"), now).replace("in about ", "~") if queued else \
+            _age(r.get("started_at"), now)
+        if queued and r.get("est_start") is None:
+            start = (f"#{r['position']} " if r.get("position") else "") + "?"
+        t.add_row(r["name"], r.get("user") or "-", r["status"],
+                  "-" if r.get("priority") is None else str(r["priority"]),
+                  f"{r['count']} x {r['gpu']}", _age(r.get("submitted_at"), now), start,
+                  ui.usd(r.get("cost_usd") or 0.0), r.get("reason") or "")
+    return t
+
+
+@app.command(cls=COMMAND)
+def jobs(
+    all_: Annotated[bool, typer.Option("--all", help="Every job, not just the last day's.")] = False,
+    user: Annotated[str | None, typer.Option("--user", help="Only this user's jobs.")] = None,
+    as_json: Json = False,
+) -> None:
+    """Queued, running and ended jobs: each queued one with its place, estimated start and why
+    it waits."""
+    now = time.time()
+    client = remote()
+    if client is not None:
+        rows = client.call("GET", "/api/v1/jobs", query={"all": str(all_).lower(), "user": user})
+    else:
+        from gpufleet.lifecycle import accounts, listing, queued
+        from gpufleet.server import local
+        from gpufleet.store import gpufleet_home
+
+        st = store()
+        if queued.waiting(st) and local.running(gpufleet_home()) is None:
+            local.ensure(gpufleet_home())  # queued jobs, no one to start them: a server again
+        rows = listing.table(st, accounts.local_identity(st), now, every=all_, user=user)
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        out.print("No jobs" + ("." if all_ else " in the last day (--all for every job)."))
+        return
+    out.print(_table(rows, now))
+
+
+@app.command(cls=COMMAND)
+def cancel(job: Annotated[str, typer.Argument(help="A queued job.")]) -> None:
+    """Take a queued job out of the queue (a running one is stopped with gpufleet stop)."""
+    client = remote()
+    if client is not None:
+        client.call("POST", f"/api/v1/jobs/{job}/cancel")
+    else:
+        from gpufleet.lifecycle import accounts, queued
+
+        st = store()
+        queued.cancel(st, job, accounts.local_identity(st))
+    out.print(f"Job {job}: cancelled (it was queued).")

@@ -1,0 +1,288 @@
+"""The server's JSON API, /api/v1: every route is a library function of `gpufleet.lifecycle`
+called as the caller's identity, so the CLI (through `client.py`), the dashboard and a script
+get the same answers and the same refusals.
+
+Every call but /api/v1/version carries a token (`Authorization: Bearer`, or the dashboard's
+HTTP-only cookie). Errors are {"error": one line} with the status the error's kind maps to.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from gpufleet.errors import (
+    AllocationError,
+    ConflictError,
+    ForbiddenError,
+    GpufleetError,
+    NotFoundError,
+    StateError,
+)
+from gpufleet.lifecycle import accounts, jobs, ledger, listing, queued, reconcile, runs, teams
+from gpufleet.lifecycle.accounts import Identity
+from gpufleet.server import API_VERSION
+from gpufleet.server.loop import Loop
+from gpufleet.spec import parse_duration
+from gpufleet.store import Store
+from gpufleet.web import auth
+
+LOG_CHUNK = 1 << 20  # the most of a log one call returns
+
+
+class NoToken(ForbiddenError):
+    """No token, or one no user has: 401, where a known user acting out of bounds is 403."""
+
+
+class JobIn(BaseModel):
+    spec: dict[str, Any]
+    queue: bool = True
+    cpu_slots: int | None = Field(None, ge=1, le=1024)
+
+
+class UserIn(BaseModel):
+    name: str
+    team: str | None = None
+    admin: bool = False
+
+
+class QuotaIn(BaseModel):
+    team: str
+    gpu: str
+    devices: int | None
+
+
+class BudgetIn(BaseModel):
+    team: str
+    usd: float | None
+    month: str | None = None
+
+
+def _status(exc: GpufleetError) -> int:
+    if isinstance(exc, NoToken):
+        return 401
+    if isinstance(exc, ForbiddenError):
+        return 403
+    if isinstance(exc, NotFoundError):
+        return 404
+    if isinstance(exc, ConflictError | AllocationError):
+        return 409
+    if isinstance(exc, StateError):
+        return 503
+    return 400
+
+
+def create_api(store: Store, loop: Loop | None = None, owner_token: str | None = None) -> FastAPI:
+    """`owner_token`: the local server's token (in its server.json), which acts as the OS user
+    who started it, an admin; every other token is a user's."""
+    from gpufleet.lifecycle.submit import parse_job
+    from gpufleet.views import job_detail
+
+    app = FastAPI(title="gpufleet server", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(GpufleetError)
+    async def gpufleet_error(_r: Request, exc: GpufleetError) -> JSONResponse:
+        return JSONResponse({"error": str(exc), "kind": type(exc).__name__},
+                            status_code=_status(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(_r: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid')}",
+                             "kind": "SpecError"}, status_code=400)
+
+    def who(request: Request) -> Identity:
+        token = auth.presented(request.headers.get("authorization"),
+                               request.cookies.get(auth.COOKIE), None)
+        if owner_token is not None and token is not None and \
+                secrets.compare_digest(owner_token.encode(), token.encode()):
+            return accounts.local_identity(store)
+        found = accounts.from_token(store, token)
+        if found is None:
+            raise NoToken("token: this server needs a user's token (gpufleet login URL "
+                          "--token-file FILE; an admin makes one with gpufleet admin user add)"
+                          if token is None else "token: no user has this token")
+        return found
+
+    def woke() -> None:
+        if loop is not None:
+            loop.wake()
+
+    @app.get("/api/v1/version")
+    def version() -> dict[str, Any]:
+        from gpufleet import __version__
+
+        return {"api": API_VERSION, "version": __version__}
+
+    @app.get("/api/v1/whoami")
+    def whoami(request: Request) -> dict[str, Any]:
+        me = who(request)
+        return {"user": me.user, "team": me.team, "admin": me.admin}
+
+    @app.get("/api/v1/health")
+    def health(request: Request) -> dict[str, Any]:
+        who(request)
+        b = loop.last if loop is not None else None
+        return {"beat_at": b.at if b else None, "queued": b.queued if b else None,
+                "active": b.active if b else None, "error": b.error if b else None}
+
+    @app.post("/api/v1/jobs")
+    def submit_job(body: JobIn, request: Request) -> dict[str, Any]:
+        me = who(request)
+        spec = parse_job(store, body.spec)
+        result = queued.run_or_queue(store, spec, me, lambda _offer: None, body.cpu_slots,
+                                     queue=body.queue)
+        if isinstance(result, tuple):
+            job, cluster = result
+            runs.start_detached(store, job, body.cpu_slots)
+            woke()
+            return {"name": job.name, "status": "started", "cluster": cluster.name}
+        woke()
+        return {"name": result.name, "status": result.status}
+
+    @app.get("/api/v1/jobs")
+    def list_jobs(request: Request, all: bool = False, user: str | None = None
+                  ) -> list[dict[str, Any]]:
+        me = who(request)
+        if user is not None and not me.admin and user != me.user:
+            raise ForbiddenError(f"user: only an admin may list {user}'s jobs")
+        return listing.table(store, me, time.time(), every=all, user=user)
+
+    def _owner(name: str) -> str | None:
+        e = queued.entry(store, name)
+        if e is not None:
+            return e.user
+        return jobs.get(store, name).user
+
+    @app.get("/api/v1/jobs/{name}")
+    def one_job(name: str, request: Request) -> dict[str, Any]:
+        me = who(request)
+        accounts.may_act_on(me, _owner(name), f"job {name}")
+        e = queued.entry(store, name)
+        if e is not None and jobs.get_or_none(store, name) is None:
+            return {**listing.queued_row(e), "queued": True}
+        return job_detail(store, name, time.time())
+
+    @app.post("/api/v1/jobs/{name}/cancel")
+    def cancel(name: str, request: Request) -> dict[str, Any]:
+        e = queued.cancel(store, name, who(request))
+        woke()
+        return listing.queued_row(e)
+
+    @app.post("/api/v1/jobs/{name}/stop")
+    def stop(name: str, request: Request) -> dict[str, Any]:
+        me = who(request)
+        e = queued.entry(store, name)
+        if e is not None and e.status == "queued":
+            gone = queued.cancel(store, name, me)
+            woke()
+            return {"name": name, "status": gone.status, "reason": gone.reason}
+        j = jobs.get(store, name)
+        accounts.may_act_on(me, j.user, f"stop {name}")
+        with store.session() as s:
+            accounts.audit(s, me, "stop", name)
+        ended = runs.stop_job(store, j)
+        woke()
+        return {"name": ended.name, "status": ended.status, "reason": ended.reason}
+
+    @app.get("/api/v1/jobs/{name}/logs")
+    def logs(name: str, request: Request, offset: int = 0, rank: int | None = None
+             ) -> dict[str, Any]:
+        me = who(request)
+        e = queued.entry(store, name)
+        if e is not None and jobs.get_or_none(store, name) is None:
+            accounts.may_act_on(me, e.user, f"logs of {name}")
+            raise ConflictError(f"logs: job '{name}' is {e.status}"
+                                + (f" (position {e.position})" if e.position else "")
+                                + "; its log starts when it runs")
+        j = reconcile.refresh(store, name)
+        accounts.may_act_on(me, j.user, f"logs of {name}")
+        if rank is not None and not 0 <= rank < j.world_size:
+            raise NotFoundError(f"rank: job {name} has ranks 0..{j.world_size - 1}, not {rank}")
+        path = Path(j.job_dir) / ("job.log" if rank is None else f"logs/rank{rank}.log")
+        text = b""
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(max(0, offset))
+                text = f.read(LOG_CHUNK)
+        size = path.stat().st_size if path.exists() else 0
+        return {"text": text.decode("utf-8", "replace"), "offset": max(0, offset) + len(text),
+                "more": max(0, offset) + len(text) < size, "active": j.status in jobs.ACTIVE,
+                "status": j.status, "reason": j.reason}
+
+    @app.get("/api/v1/usage")
+    def usage(request: Request, by: str = "user", since: str = "30d",
+              user: str | None = None, team: str | None = None) -> dict[str, Any]:
+        me = who(request)
+        if by not in ledger.GROUPS:
+            raise_spec("by", f"'{by}' is not a grouping; allowed: {', '.join(ledger.GROUPS)}")
+        try:
+            start = time.time() - parse_duration(since)
+        except ValueError as exc:
+            raise_spec("since", str(exc))
+        if not me.admin:
+            if user not in (None, me.user) or team not in (None, me.team):
+                raise ForbiddenError("usage: only an admin may see other users' or teams' usage")
+            user = me.user
+        ledger.accrue(store, time.time())
+        return ledger.usage(ledger.rows(store, start, user, team), by)
+
+    @app.post("/api/v1/admin/users")
+    def add_user(body: UserIn, request: Request) -> dict[str, Any]:
+        token = accounts.add_user(store, who(request), body.name, body.team, body.admin)
+        return {"name": body.name, "team": body.team, "admin": body.admin, "token": token}
+
+    @app.get("/api/v1/admin/users")
+    def list_users(request: Request) -> list[dict[str, Any]]:
+        accounts.require_admin(who(request), "admin user list")
+        return accounts.users(store)
+
+    @app.delete("/api/v1/admin/users/{name}")
+    def remove_user(name: str, request: Request) -> dict[str, Any]:
+        accounts.remove_user(store, who(request), name)
+        return {"removed": name}
+
+    @app.put("/api/v1/admin/quotas")
+    def set_quota(body: QuotaIn, request: Request) -> dict[str, Any]:
+        accounts.set_quota(store, who(request), body.team, body.gpu, body.devices)
+        woke()
+        return teams.team_view(store, body.team, time.time())
+
+    @app.put("/api/v1/admin/budgets")
+    def set_budget(body: BudgetIn, request: Request) -> dict[str, Any]:
+        accounts.set_budget(store, who(request), body.team, body.usd, body.month, time.time())
+        woke()
+        return teams.team_view(store, body.team, time.time())
+
+    @app.get("/api/v1/admin/teams")
+    def list_teams(request: Request) -> list[dict[str, Any]]:
+        me = who(request)
+        now = time.time()
+        return [teams.team_view(store, t, now) for t in teams.team_names(store)
+                if me.admin or t == me.team]
+
+    @app.get("/api/v1/admin/audit")
+    def audit(request: Request, since: str = "30d", user: str | None = None
+              ) -> list[dict[str, Any]]:
+        accounts.require_admin(who(request), "admin audit")
+        try:
+            start = time.time() - parse_duration(since)
+        except ValueError as exc:
+            raise_spec("since", str(exc))
+        return accounts.audit_log(store, start, user)
+
+    return app
+
+
+def raise_spec(field: str, message: str) -> NoReturn:
+    from gpufleet.errors import SpecError
+
+    raise SpecError([(field, message)])

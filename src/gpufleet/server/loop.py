@@ -1,0 +1,107 @@
+"""The server's heartbeat: every second, notice dead supervisors (and free their devices), start
+what the queue says may start, and book the ledger; for a local server, exit when idle.
+
+A supervisor is a process on this host; its liveness is its pid with its start time
+(`reconcile.supervisor_alive`), so a `kill -9` is seen at the next beat. Supervisors the server
+started are its children: they are reaped here so an ended one does not linger as a zombie that
+still looks alive.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from gpufleet.lifecycle import dispatch, jobs, ledger, reconcile
+from gpufleet.lifecycle.status import QueueStatus
+from gpufleet.store import Job, QueuedJob, Store
+
+BEAT_S = 1.0
+LEDGER_EVERY_S = 5.0
+
+
+@dataclass
+class Beat:
+    """What the last beat saw (for /api/v1/health and the tests)."""
+
+    at: float = 0.0
+    queued: int = 0
+    active: int = 0
+    started: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def reap_children() -> None:
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+class Loop:
+    """Runs `beat` in a thread until stopped; `idle_exit_s`: call `on_idle` once nothing has
+    been queued or running for that long (a local server's exit)."""
+
+    def __init__(self, store: Store, idle_exit_s: float | None = None,
+                 on_idle: Callable[[], None] | None = None):
+        self.store = store
+        self.idle_exit_s = idle_exit_s
+        self.on_idle = on_idle
+        self.last = Beat()
+        self.busy_at = time.time()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._last_ledger = 0.0
+        self.thread = threading.Thread(target=self._run, name="gpufleet-loop", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def wake(self) -> None:
+        """Beat now (a job was submitted or cancelled), not at the next second."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.beat(time.time())
+            self._wake.wait(BEAT_S)
+            self._wake.clear()
+
+    def beat(self, now: float) -> Beat:
+        b = Beat(at=now)
+        try:
+            reap_children()
+            reconcile.reconcile(self.store)
+            b.started = dispatch.dispatch(self.store, now).started
+            if now - self._last_ledger >= LEDGER_EVERY_S or b.started:
+                ledger.accrue(self.store, now)
+                self._last_ledger = now
+            with self.store.read() as s:
+                b.queued = len(s.scalars(select(QueuedJob.id).where(
+                    QueuedJob.status == QueueStatus.QUEUED)).all())
+                b.active = len(s.scalars(select(Job.id).where(Job.status.in_(jobs.ACTIVE))).all())
+        except Exception as exc:  # one bad beat must not end the server; the next one retries
+            b.error = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc(file=sys.stderr)
+        self.last = b
+        if b.queued or b.active or b.error:
+            self.busy_at = now
+        elif self.idle_exit_s is not None and now - self.busy_at >= self.idle_exit_s \
+                and self.on_idle is not None:
+            self.on_idle()
+        return b

@@ -1,0 +1,14 @@
+"""A job that holds its devices until a gate file exists (or 120 s pass), then sleeps a little:
+the queue tests decide when running jobs end. No torch: the test pays only for torchrun."""
+
+import sys
+import time
+from pathlib import Path
+
+gate = Path(sys.argv[1])
+after = float(sys.argv[2]) if len(sys.argv) > 2 else 0.5
+deadline = time.monotonic() + 120
+while not gate.exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+time.sleep(after)
+print("gated job done", flush=True)
