@@ -51,7 +51,8 @@ def budget_problem(w: Waiting, left: Mapping[str, float], limits: Limits) -> str
     budget = limits.budget_of.get(w.team)
     of = f" of its {_usd(budget)} monthly budget" if budget is not None else ""
     if remaining <= 0:
-        return (f"team {w.team} has spent{of or ' its budget'} this month; an admin can raise "
+        its = f"its {_usd(budget)} monthly budget" if budget is not None else "its budget"
+        return (f"team {w.team} has spent {its} this month; an admin can raise "
                 f"it (gpufleet admin budget set {w.team} USD) or it waits for next month")
     if w.duration_s is not None and w.usd_per_hour > 0:
         cost = w.usd_per_hour * w.duration_s / 3600.0

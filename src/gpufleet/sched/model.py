@@ -51,7 +51,8 @@ class Running:
     count: int
     started_at: float
     ends_by: float | None  # start + time limit; None: no limit, so no promise
-    cluster: str | None = None  # the cluster it runs on
+    cluster: str | None = None  # the existing cluster it runs on, which keeps its devices
+    # when the job ends (None: a cluster made for the job, whose devices end with it)
 
 
 @dataclass(frozen=True)

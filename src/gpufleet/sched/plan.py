@@ -11,14 +11,16 @@ The rules, in the order they decide for each job (jobs taken in `order.ordered` 
   it ends (by its time limit) before the head's shadow time, or it takes only the spare devices
   (EASY backfill). Without a time limit on the jobs the head waits for, nothing jumps it.
 
-Estimated starts assume every job runs to its time limit; a job without one never frees its
-devices in the estimate, so what waits for them has no estimate (None).
+Estimated starts assume every job runs to its time limit (one past it ends now); a job without
+one never frees its devices in the estimate, so what waits for them has no estimate (None). A job
+on an existing cluster frees no devices when it ends: the cluster keeps them. A job behind a head
+is estimated after every decision of the pass, so a later backfill's devices count against it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpufleet.sched import admit
 from gpufleet.sched.model import Fits, Held, Limits, Plan, Resource, Running, Start, Wait, Waiting
@@ -76,18 +78,20 @@ def plan(waiting: Sequence[Waiting], running: Sequence[Running], free: Mapping[R
 
     def line(res: Resource) -> _Timeline:
         if res not in lines:
-            lines[res] = _Timeline(free.get(res, 0))
+            lines[res] = _Timeline(max(0, free.get(res, 0)))
         return lines[res]
 
     cluster_free_at: dict[str, float | None] = {}
     for r in running:
-        if r.ends_by is not None:
-            line(r.resource).releases.append((r.ends_by, r.count))
-        if r.cluster is not None:
-            cluster_free_at[r.cluster] = r.ends_by
+        ends = None if r.ends_by is None else max(r.ends_by, now)  # past its limit: being stopped
+        if r.cluster is not None:  # an existing cluster keeps its devices after the job
+            cluster_free_at[r.cluster] = ends
+        elif ends is not None:
+            line(r.resource).releases.append((ends, r.count))
     heads: dict[Resource, _Head] = {}
     starts: list[Start] = []
     held: list[Held] = []
+    behind: list[tuple[int, Waiting, _Head]] = []  # estimated once every start is decided
 
     def started(w: Waiting, backfilled: bool = False) -> None:
         starts.append(Start(w.name, backfilled))
@@ -100,7 +104,7 @@ def plan(waiting: Sequence[Waiting], running: Sequence[Running], free: Mapping[R
             cluster_free_at[w.cluster] = None if w.duration_s is None else now + w.duration_s
             return
         tl = line(w.resource)
-        tl.free_now -= w.count
+        tl.free_now = max(0, tl.free_now - w.count)  # `fits` may find what the counts missed
         if w.duration_s is not None:
             tl.releases.append((now + w.duration_s, w.count))
 
@@ -134,14 +138,15 @@ def plan(waiting: Sequence[Waiting], running: Sequence[Running], free: Mapping[R
                 started(w)
                 continue
             shadow = tl.earliest(w.count, now, w.duration_s)
-            if shadow is not None and shadow <= now:  # enough counted, but not in one gang shape
-                later = sorted(t for t, _ in tl.releases if t > now)
+            if shadow is not None and tl.free_now >= w.count:
+                # enough free now by count, but not in one gang shape: the next end may make one
+                later = sorted(t for t, _ in tl.releases if t >= now)
                 shadow = later[0] if later else None
             spare = tl.free_at(shadow) - w.count if shadow is not None else 0
             heads[w.resource] = _Head(w.name, shadow, max(0, spare))
             _reserve(tl, shadow, w)
             hold(w, Wait.DEVICES, f"waits for {w.count} x {w.resource[1]} to be free "
-                 f"({max(0, tl.free_now)} free now)", shadow)
+                 f"({tl.free_now} free now)", shadow)
             continue
         ends_in_time = (head.shadow is not None and w.duration_s is not None
                         and now + w.duration_s <= head.shadow)
@@ -151,11 +156,14 @@ def plan(waiting: Sequence[Waiting], running: Sequence[Running], free: Mapping[R
                 head.spare -= w.count
             started(w, backfilled=True)
             continue
-        est = tl.earliest(w.count, head.shadow if head.shadow is not None else now,
-                          w.duration_s) if head.shadow is not None else None
-        _reserve(tl, est, w)
+        behind.append((len(held), w, head))
         hold(w, Wait.BEHIND, f"behind job {head.name}, which is next for "
-             f"{w.resource[1]} devices", est)
+             f"{w.resource[1]} devices", None)
+    for i, w, head in behind:  # in queue order: each one's estimate comes after those ahead
+        tl = line(w.resource)
+        est = None if head.shadow is None else tl.earliest(w.count, head.shadow, w.duration_s)
+        _reserve(tl, est, w)
+        held[i] = replace(held[i], est_start=est)
     return Plan(tuple(starts), tuple(held))
 
 
