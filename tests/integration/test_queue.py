@@ -106,7 +106,7 @@ def _peek(home: Path, name: str) -> tuple[str, int | None] | None:
 def test_a_killed_supervisor_is_noticed_by_the_server_and_the_next_job_starts(
         fleet: Fleet, tmp_path: Path) -> None:
     gate = tmp_path / "gate"  # never opened: the first job runs until its supervisor dies
-    submit(fleet, "first", gate)
+    submit(fleet, "first", gate, "--count", "2")
     assert "queued" in submit(fleet, "second", tmp_path / "open")
     (tmp_path / "open").touch()
     server = json.loads((fleet.home / "server.json").read_text())

@@ -93,7 +93,10 @@ def _devices(value: str) -> int | None:
                           "or 'none' to remove the quota")]) from None
 
 
-@quota_group.command("set", cls=COMMAND)
+NUMBERS = {"ignore_unknown_options": True}  # "-1" is a (refused) number here, not an option
+
+
+@quota_group.command("set", cls=COMMAND, context_settings=NUMBERS)
 def quota_set(
     team: Annotated[str, typer.Argument(help="Team.")],
     gpu: Annotated[str, typer.Argument(help="GPU type, e.g. H100 or cpu.")],
@@ -112,7 +115,7 @@ def _set_quota(st: Any, me: Any, team: str, gpu: str, n: int | None) -> dict[str
     return teams.team_view(st, team, time.time())
 
 
-@budget_group.command("set", cls=COMMAND)
+@budget_group.command("set", cls=COMMAND, context_settings=NUMBERS)
 def budget_set(
     team: Annotated[str, typer.Argument(help="Team.")],
     usd: Annotated[str, typer.Argument(help="Dollars a month ('none': no cap).")],

@@ -74,6 +74,8 @@ def limits_now(store: Store, now: float) -> Limits:
     with store.read() as s:
         quotas = accounts.quotas(s)
         budgets = accounts.budgets_for(s, accounts.current_month(now))
+    if budgets:  # book what running jobs spent up to now before judging what is left
+        ledger.accrue(store, now)
     spent = ledger.spent_since(store, ledger.month_start(now)) if budgets else {}
     return Limits(quotas, {t: b - spent.get(t, 0.0) for t, b in budgets.items()}, budgets)
 

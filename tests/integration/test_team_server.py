@@ -1,0 +1,179 @@
+"""A team server with real users: tokens, a team's GPU quota and monthly budget enforced at
+admission, each user seeing and acting on their own jobs, the ledger equal to the jobs' costs,
+the audit trail, and the one-line errors of bad input, a bad token and an older server."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet_helpers import CLI, WORKERS, Fleet, _base_env, error_lines
+from test_queue import max_overlap, wait_all_ended
+
+GATED = str(WORKERS / "gated.py")
+
+
+@pytest.fixture
+def server(make_fleet: Callable[[str, int], Fleet]) -> Iterator[tuple[str, Fleet]]:
+    """`gpufleet server` on a free loopback port, its state in the fleet's home."""
+    home = make_fleet("server", 2)
+    home.home.mkdir(parents=True)
+    proc = subprocess.Popen([*CLI, "server", "--port", "0"], env=home.env(), cwd=home.cwd,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    url = None
+    deadline = time.monotonic() + 60
+    assert proc.stderr is not None
+    while time.monotonic() < deadline and url is None:
+        line = proc.stderr.readline()
+        found = re.search(r"gpufleet server on (http://\S+)", line)
+        if found:
+            url = found.group(1)
+        elif not line and proc.poll() is not None:
+            break
+    assert url, f"the server did not start ({proc.poll()})"
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
+    try:
+        yield url, home
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def as_user(fleet: Fleet, url: str, token: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    def call(*args: str) -> subprocess.CompletedProcess[str]:
+        return fleet(*args, env={"GPUFLEET_SERVER": url, "GPUFLEET_TOKEN": token})
+    return call
+
+
+def ok_json(call: Callable[..., subprocess.CompletedProcess[str]], *args: str) -> Any:
+    r = call(*args, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_team_server_enforces_quotas_and_budgets_and_books_every_cost(
+        server: tuple[str, Fleet], make_fleet: Callable[[str, int], Fleet],
+        tmp_path: Path) -> None:
+    url, srv = server
+    admin_home = make_fleet("admin", 2)
+    r = admin_home("login", url, "--token-file", str(srv.home / "admin-token"))
+    assert r.returncode == 0 and "as admin" in r.stdout, r.stderr
+    admin = admin_home  # logged in: its commands go to the server
+    tokens = {}
+    for name, team in (("alice", "ml"), ("bob", "ml"), ("carol", "lab")):
+        r = admin("admin", "user", "add", name, "--team", team)
+        assert r.returncode == 0, r.stderr
+        tokens[name] = r.stdout.strip()
+    assert admin("admin", "quota", "set", "ml", "cpu", "1").returncode == 0
+    for args, field in ((("quota", "set", "ml", "cpu", "-1"), "devices"),
+                        (("quota", "set", "nosuch", "cpu", "1"), "team"),
+                        (("budget", "set", "lab", "5", "--month", "2020-01"), "month"),
+                        (("budget", "set", "lab", "-3"), "usd"),
+                        (("user", "add", "alice"), "name")):
+        bad = admin("admin", *args)
+        assert bad.returncode == 2 and len(error_lines(bad.stderr)) == 1, (args, bad.stderr)
+        assert field in bad.stderr, (args, bad.stderr)
+    users = {n: as_user(make_fleet(n, 2), url, t) for n, t in tokens.items()}
+    gate = tmp_path / "gate"
+
+    def run(who: str, name: str, *extra: str) -> str:
+        r = users[who]("run", GATED, "--gpu", "cpu", "--count", "1", "--name", name, "-d",
+                       *extra, "--", str(gate))
+        assert r.returncode == 0, r.stderr
+        return r.stdout + r.stderr
+
+    assert "started" in run("alice", "a1")
+    assert "queued" in run("alice", "a2")
+    assert "queued" in run("bob", "b1")
+    mine = ok_json(users["alice"], "jobs")
+    assert sorted(r["name"] for r in mine) == ["a1", "a2"]
+    held = {r["name"]: r for r in ok_json(admin, "jobs")}
+    deadline = time.monotonic() + 20
+    while not held["b1"].get("reason") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        held = {r["name"]: r for r in ok_json(admin, "jobs")}
+    assert "quota" in held["b1"]["reason"] and "ml" in held["b1"]["reason"], held["b1"]
+    theirs = users["bob"]("cancel", "a2")
+    assert theirs.returncode == 2 and "belongs to alice" in theirs.stderr, theirs.stderr
+    gate.touch()
+    done = wait_all_ended(admin, ["a1", "a2", "b1"], timeout=180)
+    assert {n: done[n]["status"] for n in ("a1", "a2", "b1")} == dict.fromkeys(
+        ("a1", "a2", "b1"), "succeeded")
+    spans = [(done[n]["started_at"], done[n]["ended_at"]) for n in ("a1", "a2", "b1")]
+    assert max_overlap(spans) == 1, spans  # the team's one cpu, one job at a time
+
+    # lab's budget: about two seconds of one CPU slot; the first job spends it
+    assert admin("admin", "budget", "set", "lab", "0.00002").returncode == 0
+    assert "started" in run("carol", "c1")
+    wait_all_ended(admin, ["c1"], timeout=90)
+    assert "queued" in run("carol", "c2")
+    reason = ""
+    deadline = time.monotonic() + 20
+    while "spent" not in reason and time.monotonic() < deadline:
+        time.sleep(0.5)
+        reason = {r["name"]: r for r in ok_json(users["carol"], "jobs")}["c2"]["reason"] or ""
+    assert "team lab has spent its $0.000020 monthly budget" in reason, reason
+    assert admin("admin", "budget", "set", "lab", "100").returncode == 0
+    done = wait_all_ended(admin, ["c1", "c2"], timeout=90)
+    assert done["c2"]["status"] == "succeeded"
+
+    usage = ok_json(admin, "usage", "--by", "job")
+    booked = {g["job"]: g["micro_usd"] for g in usage["groups"]}
+    everything = {r["name"]: r for r in ok_json(admin, "jobs", "--all")}
+    for n in ("a1", "a2", "b1", "c1", "c2"):
+        assert booked[n] == round(everything[n]["cost_usd"] * 1_000_000) > 0, n
+    by_team = {g["team"]: g["micro_usd"] for g in ok_json(admin, "usage", "--by", "team")["groups"]}
+    assert by_team == {"ml": booked["a1"] + booked["a2"] + booked["b1"],
+                       "lab": booked["c1"] + booked["c2"]}
+    own = ok_json(users["alice"], "usage", "--by", "user")
+    assert [g["user"] for g in own["groups"]] == ["alice"]
+    assert own["micro_usd"] == booked["a1"] + booked["a2"]
+    audit = ok_json(admin, "admin", "audit")
+    did = {(e["user"], e["action"], e["subject"]) for e in audit}
+    assert {("alice", "submit", "a1"), ("bob", "submit", "b1"), ("carol", "submit", "c2"),
+            ("admin", "quota_set", "ml"), ("admin", "budget_set", "lab"),
+            ("admin", "user_add", "carol")} <= did
+    no_admin = users["bob"]("admin", "user", "add", "mallory")
+    assert no_admin.returncode == 2 and "only an admin" in no_admin.stderr
+    bogus = as_user(make_fleet("bogus", 2), url, "not-a-token")("jobs")
+    assert bogus.returncode == 2 and "no user has this token" in bogus.stderr, bogus.stderr
+
+
+class _OldServer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = json.dumps({"api": 99, "version": "9.9.9"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+def test_a_server_of_another_api_version_is_one_clear_line(tmp_path: Path) -> None:
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), _OldServer)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        env = {**_base_env(), "GPUFLEET_HOME": str(tmp_path / "home"),
+               "GPUFLEET_SERVER": f"http://127.0.0.1:{httpd.server_port}",
+               "GPUFLEET_TOKEN": "x"}
+        r = subprocess.run([*CLI, "jobs"], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        httpd.shutdown()
+    assert r.returncode == 2 and len(error_lines(r.stderr)) == 1, r.stderr
+    assert "speaks API v99" in r.stderr and "Traceback" not in r.stderr
+    gone = subprocess.run([*CLI, "jobs"], env={**env, "GPUFLEET_SERVER": "http://127.0.0.1:9"},
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 2 and "cannot reach" in gone.stderr, gone.stderr
+
