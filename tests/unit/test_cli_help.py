@@ -41,7 +41,7 @@ def test_run_help_groups_its_options_into_panels(run_help: str) -> None:
               if line.startswith("╭─ ")]
     assert titles == ["Arguments", "Cluster", "Layout", "Precision and framework", "Survival",
                       "Progress of any script",
-                      "Output"]
+                      "Queue", "Output"]
 
 
 def test_no_help_shows_a_bool_type_or_an_eaten_default() -> None:

@@ -189,7 +189,10 @@ def _nothing_running() -> bool:
     from gpufleet.snapshot import cluster_rows as quick_rows
     from gpufleet.snapshot import state_path
 
-    return quick_rows(state_path(), False, time.time()) == []
+    path = state_path()
+    if (path.parent / "server.json").exists():  # a local server to end: through the store
+        return False
+    return quick_rows(path, False, time.time()) == []
 
 
 def _end_idle_server() -> None:
@@ -241,7 +244,6 @@ def stop(
         return
     if all_ and not name and _nothing_running():
         out.print("No running clusters.")
-        _end_idle_server()
         return
     from gpufleet.lifecycle import accounts, queued, runs
 
@@ -267,6 +269,7 @@ def stop(
     if all_:
         if not plan.clusters:
             out.print("No running clusters.")
+            _end_idle_server()
             return
         out.print(f"Stopping {len(plan.clusters)} running cluster(s):", highlight=False)
         for line in _describe(plan):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -35,6 +37,17 @@ from gpufleet.store import Store
 from gpufleet.web import auth
 
 LOG_CHUNK = 1 << 20  # the most of a log one call returns
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What a module adding routes to the API needs: the store, the caller's identity from a
+    request, a way to wake the loop (a job submitted or cancelled), the loop itself."""
+
+    store: Store
+    who: Callable[[Request], Identity]
+    wake: Callable[[], None]
+    loop: Loop | None
 
 
 class NoToken(ForbiddenError):
@@ -115,6 +128,9 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
     def woke() -> None:
         if loop is not None:
             loop.wake()
+
+    ctx = Ctx(store, who, woke, loop)
+    del ctx  # other route modules take it: add_routes(app, ctx)
 
     @app.get("/api/v1/version")
     def version() -> dict[str, Any]:
