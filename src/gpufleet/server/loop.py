@@ -3,13 +3,12 @@ what the queue says may start, and book the ledger; for a local server, exit whe
 
 A supervisor is a process on this host; its liveness is its pid with its start time
 (`reconcile.supervisor_alive`), so a `kill -9` is seen at the next beat. Supervisors the server
-started are its children: they are reaped here so an ended one does not linger as a zombie that
-still looks alive.
+started are its children: each beat collects the ended ones (`runs.reap`), so none lingers as a
+zombie for the server's lifetime.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from gpufleet.lifecycle import dispatch, jobs, ledger, reconcile
+from gpufleet.lifecycle import dispatch, jobs, ledger, reconcile, runs
 from gpufleet.lifecycle.status import QueueStatus
 from gpufleet.store import Job, QueuedJob, Store
 
@@ -36,16 +35,6 @@ class Beat:
     active: int = 0
     started: list[str] = field(default_factory=list)
     error: str | None = None
-
-
-def reap_children() -> None:
-    while True:
-        try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 class Loop:
@@ -85,7 +74,7 @@ class Loop:
     def beat(self, now: float) -> Beat:
         b = Beat(at=now)
         try:
-            reap_children()
+            runs.reap()
             reconcile.reconcile(self.store)
             b.started = dispatch.dispatch(self.store, now).started
             if now - self._last_ledger >= LEDGER_EVERY_S or b.started:
