@@ -2,7 +2,9 @@
 
 Allocation reads the reservations and writes new ones in one `BEGIN IMMEDIATE` transaction, so
 two `gpufleet launch` processes started at the same moment take turns instead of both seeing the
-same devices free; the unique (node, device) key backs that up.
+same devices free; the unique (pool, node, device) key backs that up. A team server's store can
+be a PostgreSQL database instead (`Store("postgresql://...")`), where an advisory lock does what
+BEGIN IMMEDIATE does here: `store.postgres` says how.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpufleet.errors import StateError
 from gpufleet.home import ensure_home
 from gpufleet.state_file import check_openable, db_error
+from gpufleet.store import postgres
 from gpufleet.store.models import Base
 
 
@@ -79,8 +82,8 @@ def _rekey_reservations(conn: Any) -> None:
     node, device). A constraint cannot be altered in SQLite, so the table is rebuilt, its rows
     (the devices running clusters hold) copied with their cluster's pool."""
     inspector = inspect(conn)
-    if "reservations" not in inspector.get_table_names():
-        return
+    if conn.dialect.name != "sqlite" or "reservations" not in inspector.get_table_names():
+        return  # a PostgreSQL store was never version 1
     keys = [sorted(u["column_names"]) for u in inspector.get_unique_constraints("reservations")]
     if ["device_id", "node_id"] not in keys:
         return
@@ -95,7 +98,8 @@ def _rekey_reservations(conn: Any) -> None:
 
 def _migrate(engine: Engine) -> None:
     """Create missing tables, and add columns that newer versions introduced (nullable, so old
-    rows read as 'unknown'), in one transaction."""
+    rows read as 'unknown'), in one transaction: a write transaction, so two processes opening
+    a new store at once take turns (on PostgreSQL, DDL is transactional too)."""
     with engine.begin() as conn:
         inspector = inspect(conn)
         if "clusters" in inspector.get_table_names() and "pool" not in {
@@ -134,7 +138,11 @@ class Store:
     was removed under a running job (`state_file.open_problem`). Its connections open the file
     with SQLite's `mode=rw`, so none of them ever creates an empty state file in place of one
     that went away; only a new store's file is created here. An sqlite3 error that means the
-    file cannot be used becomes a StateError (one line) wherever a session meets it."""
+    file cannot be used becomes a StateError (one line) wherever a session meets it.
+
+    A `postgresql://` URL is a database on a server instead (store/postgres.py): the same
+    tables, writers serialized by an advisory lock, and a server that cannot be reached a
+    StateError too."""
 
     def __init__(self, url: str | None = None):
         self.path: Path | None = None
@@ -146,7 +154,10 @@ class Store:
             _owner_only(path)
             url = f"sqlite:///file:{quote(str(path))}?mode=rw&uri=true"
         self.url = url
-        self.engine: Engine = create_engine(url)
+        if postgres.is_postgres(url):
+            self.engine: Engine = postgres.create(url)
+        else:
+            self.engine = create_engine(url)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", _sqlite_begin)
@@ -158,13 +169,19 @@ class Store:
 
     @contextmanager
     def _translated(self) -> Iterator[None]:
-        """sqlite3 errors about the state file as one StateError line; others unchanged."""
+        """sqlite3 errors about the state file, and a PostgreSQL server that cannot be reached,
+        as one StateError line; others unchanged."""
         try:
             yield
         except StateError:
             raise
         except Exception as exc:
-            state = db_error(self.path, exc) if self.path is not None else None
+            if self.path is not None:
+                state = db_error(self.path, exc)
+            elif self.engine.dialect.name == "postgresql":
+                state = postgres.unreachable(self.url, exc)
+            else:
+                state = None
             if state is None:
                 raise
             raise state from None

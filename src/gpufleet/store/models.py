@@ -1,9 +1,18 @@
-"""SQLAlchemy 2 tables. Times are UNIX seconds (float); money is USD; sizes are bytes."""
+"""SQLAlchemy 2 tables. Times are UNIX seconds (float); money is USD; sizes are bytes.
+
+The same tables on SQLite and PostgreSQL (store/postgres.py). String lengths are documentation:
+SQLite never enforced them and the code was written so, and PostgreSQL is not made to either.
+"""
 
 from __future__ import annotations
 
 from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# A 64-bit integer on both backends: PostgreSQL's INTEGER is 32 bits (a 100 GB disk, or ids after
+# two billion metric rows, would not fit), SQLite's already 64, and an SQLite primary key must be
+# spelled INTEGER to be the rowid, so the SQLite schema stays as it was.
+Int64 = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class Base(DeclarativeBase):
@@ -13,14 +22,14 @@ class Base(DeclarativeBase):
 class Cluster(Base):
     __tablename__ = "clusters"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     # unique among running clusters (checked in the launch transaction); history keeps old names
     name: Mapped[str] = mapped_column(String(64), index=True)
     gpu: Mapped[str] = mapped_column(String(32))
     count: Mapped[int] = mapped_column(Integer)
     nodes: Mapped[int] = mapped_column(Integer)
     network: Mapped[str] = mapped_column(String(16))
-    disk_bytes: Mapped[int] = mapped_column(Integer)
+    disk_bytes: Mapped[int] = mapped_column(Int64)
     backend: Mapped[str] = mapped_column(String(16))
     price_book: Mapped[str | None] = mapped_column(String(32), nullable=True)
     usd_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
@@ -51,7 +60,7 @@ class Pool(Base):
 
     __tablename__ = "pools"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     kind: Mapped[str] = mapped_column(String(16))  # ray | sim
     address: Mapped[str | None] = mapped_column(String(128), nullable=True)  # ray: HOST:PORT
@@ -68,7 +77,7 @@ class Reservation(Base):
     __tablename__ = "reservations"
     __table_args__ = (UniqueConstraint("pool", "node_id", "device_id"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"))
     pool: Mapped[str] = mapped_column(String(64), default="local", server_default="local")
     node_id: Mapped[str] = mapped_column(String(64))
@@ -80,7 +89,7 @@ class Reservation(Base):
 class Job(Base):
     __tablename__ = "jobs"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"))
     # starting -> running -> succeeded | failed | stopped | interrupted
@@ -100,7 +109,7 @@ class Job(Base):
     # progress as last reported by rank 0
     step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     total_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    samples: Mapped[int] = mapped_column(Integer, default=0)
+    samples: Mapped[int] = mapped_column(Int64, default=0)
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     first_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     samples_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -122,7 +131,7 @@ class Event(Base):
 
     __tablename__ = "job_events"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     time: Mapped[float] = mapped_column(Float)
     kind: Mapped[str] = mapped_column(String(32))
@@ -136,7 +145,7 @@ class Metric(Base):
     __tablename__ = "metrics"
     __table_args__ = (Index("ix_metrics_job_name_time", "job", "name", "time"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     time: Mapped[float] = mapped_column(Float)
     cluster: Mapped[str] = mapped_column(String(64))
     job: Mapped[str] = mapped_column(String(64))
@@ -155,7 +164,7 @@ class Diagnosis(Base):
     __tablename__ = "findings"
     __table_args__ = (UniqueConstraint("job_id", "key"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     key: Mapped[str] = mapped_column(String(96))  # rule:subject
     rule: Mapped[str] = mapped_column(String(32))
@@ -174,7 +183,7 @@ class User(Base):
 
     __tablename__ = "users"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     team: Mapped[str | None] = mapped_column(String(64), nullable=True)
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -187,7 +196,7 @@ class Team(Base):
 
     __tablename__ = "teams"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[float] = mapped_column(Float)
 
@@ -199,7 +208,7 @@ class Budget(Base):
     __tablename__ = "budgets"
     __table_args__ = (UniqueConstraint("team", "month"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     team: Mapped[str] = mapped_column(String(64))
     month: Mapped[str] = mapped_column(String(7))
     usd: Mapped[float] = mapped_column(Float)
@@ -211,7 +220,7 @@ class Quota(Base):
     __tablename__ = "quotas"
     __table_args__ = (UniqueConstraint("team", "gpu"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     team: Mapped[str] = mapped_column(String(64))
     gpu: Mapped[str] = mapped_column(String(32))
     devices: Mapped[int] = mapped_column(Integer)
@@ -223,7 +232,7 @@ class QueuedJob(Base):
 
     __tablename__ = "queue"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     user: Mapped[str] = mapped_column(String(64), index=True)
     team: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -254,7 +263,7 @@ class AuditEvent(Base):
 
     __tablename__ = "audit"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     time: Mapped[float] = mapped_column(Float, index=True)
     user: Mapped[str] = mapped_column(String(64))
     action: Mapped[str] = mapped_column(String(32))
@@ -268,7 +277,7 @@ class LedgerRow(Base):
 
     __tablename__ = "ledger"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     job: Mapped[str] = mapped_column(String(64))
     user: Mapped[str] = mapped_column(String(64), index=True)

@@ -37,13 +37,17 @@ def rows_bound(duration_s: float, interval_s: float = 1.0, compact_every_s: floa
     return math.ceil(total)
 
 
-_MERGE = text("""
+# The bucket a sample falls in. Times are >= 0, so SQLite's CAST (which truncates) floors;
+# PostgreSQL's CAST rounds, so it is told to floor.
+_BUCKET_OF = {"sqlite": "CAST(time / :bucket AS INTEGER)", "postgresql": "floor(time / :bucket)"}
+# `job` is grouped by too (one value here) because PostgreSQL wants every selected column to be.
+_MERGE = """
 INSERT INTO metrics (time, cluster, job, node, rank, name, value, device, resolution)
 SELECT avg(time), cluster, job, node, rank, name, avg(value), device, :bucket
 FROM metrics
 WHERE job = :job AND time < :cut AND coalesce(resolution, 0) < :bucket
-GROUP BY cluster, node, rank, device, name, CAST(time / :bucket AS INTEGER)
-""")
+GROUP BY cluster, job, node, rank, device, name, {bucket_of}
+"""
 _DROP = text("""
 DELETE FROM metrics
 WHERE job = :job AND time < :cut AND coalesce(resolution, 0) < :bucket AND id <= :last
@@ -54,8 +58,9 @@ _LAST = text("SELECT coalesce(max(id), 0) FROM metrics")
 def compact(store: Store, job: str, now: float) -> None:
     """Merge the job's old samples into their tiers' buckets (means of time and value)."""
     with store.session() as s:
+        merge = text(_MERGE.format(bucket_of=_BUCKET_OF[s.get_bind().dialect.name]))
         for cut, bucket in cuts(now):
             last = s.execute(_LAST).scalar_one()
             params = {"job": job, "cut": cut, "bucket": bucket, "last": last}
-            s.execute(_MERGE, params)
+            s.execute(merge, params)
             s.execute(_DROP, params)
