@@ -14,6 +14,7 @@ running cluster needs its pool's devices for its health, and an active job may n
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -54,7 +55,7 @@ class Declined(Exception):
 def read_only(path: Path, reader: Callable[[sqlite3.Connection], T | None]) -> T | None:
     """`reader` on the state file opened read-only, or None when the store must answer: no
     state file yet, a column or table this version does not know, or the reader declined."""
-    if not path.is_file():
+    if not path.is_file() or os.environ.get("GPUFLEET_DB"):  # the state is in another database
         return None
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)

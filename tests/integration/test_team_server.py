@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from fleet_helpers import CLI, WORKERS, Fleet, _base_env, error_lines
 from test_queue import max_overlap, wait_all_ended
+from test_store_backends import pg_database  # noqa: F401 (a fixture)
 
 GATED = str(WORKERS / "gated.py")
 
@@ -24,9 +25,12 @@ GATED = str(WORKERS / "gated.py")
 @pytest.fixture
 def server(make_fleet: Callable[[str, int], Fleet]) -> Iterator[tuple[str, Fleet]]:
     """`gpufleet server` on a free loopback port, its state in the fleet's home."""
-    home = make_fleet("server", 2)
+    yield from serving(make_fleet("server", 2))
+
+
+def serving(home: Fleet, *extra: str) -> Iterator[tuple[str, Fleet]]:
     home.home.mkdir(parents=True)
-    proc = subprocess.Popen([*CLI, "server", "--port", "0"], env=home.env(), cwd=home.cwd,
+    proc = subprocess.Popen([*CLI, "server", "--port", "0", *extra], env=home.env(), cwd=home.cwd,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     url = None
@@ -177,3 +181,33 @@ def test_a_server_of_another_api_version_is_one_clear_line(tmp_path: Path) -> No
                           capture_output=True, text=True, timeout=60)
     assert gone.returncode == 2 and "cannot reach" in gone.stderr, gone.stderr
 
+
+
+def test_a_server_on_postgresql_queues_runs_and_books_jobs(
+        pg_database: str, make_fleet: Callable[[str, int], Fleet], tmp_path: Path) -> None:  # noqa: F811
+    """The same server with its store on PostgreSQL: its supervisors open that database too
+    (GPUFLEET_DB), so jobs run, queue, end and are booked there, and nothing is in SQLite."""
+    srv = make_fleet("pg-server", 2)
+    gen = serving(srv, "--db", pg_database)
+    url, _ = next(gen)
+    try:
+        admin = make_fleet("pg-admin", 2)
+        assert admin("login", url, "--token-file", str(srv.home / "admin-token")).returncode == 0
+        token = admin("admin", "user", "add", "dana", "--team", "ml").stdout.strip()
+        dana = as_user(make_fleet("dana", 2), url, token)
+        gate = tmp_path / "gate"
+        first = dana("run", GATED, "--gpu", "cpu", "--count", "2", "--name", "p1", "-d", "--",
+                     str(gate))
+        assert first.returncode == 0 and "started" in first.stdout, first.stderr
+        second = dana("run", GATED, "--gpu", "cpu", "--count", "1", "--name", "p2", "-d", "--",
+                      str(gate))
+        assert second.returncode == 0 and "queued" in second.stderr, second.stderr
+        gate.touch()
+        done = wait_all_ended(admin, ["p1", "p2"], timeout=120)
+        assert done["p1"]["status"] == done["p2"]["status"] == "succeeded", done
+        booked = {g["job"]: g["micro_usd"]
+                  for g in ok_json(admin, "usage", "--by", "job")["groups"]}
+        assert booked == {n: round(done[n]["cost_usd"] * 1_000_000) for n in ("p1", "p2")}
+        assert not (srv.home / "state.db").exists()
+    finally:
+        gen.close()

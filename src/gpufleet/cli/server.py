@@ -36,6 +36,12 @@ def server(
     if db is not None and not db.startswith(("postgresql", "sqlite")):
         raise SpecError([("db", f"'{db}' is not a database URL; allowed: postgresql://... or "
                           "sqlite:///PATH")])
+    if db:  # the supervisors this server starts open the same database
+        import os
+
+        from gpufleet.store.db import DB_ENV
+
+        os.environ[DB_ENV] = db
     st = Store(db) if db else Store()
     reconcile.reconcile(st)
     serve(st, home, "127.0.0.1" if local else host, 0 if local else port, local,

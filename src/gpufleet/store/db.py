@@ -9,6 +9,7 @@ BEGIN IMMEDIATE does here: `store.postgres` says how.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 import sys
@@ -131,6 +132,9 @@ def _owner_only(path: Path) -> None:
             path.chmod(mode & 0o700)
 
 
+DB_ENV = "GPUFLEET_DB"  # set by `gpufleet server --db URL`; its supervisors inherit it
+
+
 class Store:
     """A handle on the database. `session()` is one transaction, committed on normal exit.
 
@@ -146,6 +150,8 @@ class Store:
 
     def __init__(self, url: str | None = None):
         self.path: Path | None = None
+        if url is None:  # a team server's database, for every process it starts
+            url = os.environ.get(DB_ENV) or None
         if url is None:
             path = self.path = gpufleet_home() / "state.db"
             check_openable(path)
