@@ -1,0 +1,50 @@
+"""A state file written by the version before the queue (tests/unit/data/state-before-queue.sql,
+dumped from a real `gpufleet run` of that version) opens with the queue, users and ledger tables
+and columns added in place; its job is listed and gets its ledger rows, equal to its cost."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, select
+
+from gpufleet.lifecycle import accounts, ledger, listing
+from gpufleet.store import Cluster, Job, Store
+from gpufleet.supervise.view import job_cost_usd
+
+DUMP = Path(__file__).parent / "data" / "state-before-queue.sql"
+NEW_TABLES = {"queue", "users", "teams", "budgets", "quotas", "audit", "ledger"}
+
+
+def test_a_state_file_from_before_the_queue_gains_it_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUFLEET_HOME", str(tmp_path))
+    tmp_path.chmod(0o700)
+    path = tmp_path / "state.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(DUMP.read_text())
+        db.execute("PRAGMA user_version = 2")
+        before = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    db.close()
+    path.chmod(0o600)
+    assert not (NEW_TABLES & before) and "jobs" in before
+    store = Store()
+    tables = set(inspect(store.engine).get_table_names())
+    assert NEW_TABLES <= tables
+    assert {"user", "team"} <= {c["name"] for c in inspect(store.engine).get_columns("jobs")}
+    with store.read() as s:
+        job, cluster = s.execute(select(Job, Cluster).join(Cluster)).one()
+    assert (job.name, job.status, job.user) == ("old-job", "succeeded", None)
+    rows = listing.table(store, accounts.Identity("someone", None, True), job.ended_at or 0,
+                         every=True)
+    assert [(r["name"], r["status"]) for r in rows] == [("old-job", "succeeded")]
+    assert ledger.accrue(store, (job.ended_at or 0) + 10) == 1
+    booked = ledger.rows(store)
+    cost = job_cost_usd(job, cluster, (job.ended_at or 0) + 10)
+    assert cost > 0
+    assert sum(r.micro_usd for r in booked) == round(cost * 1_000_000)
+    assert all(not r.open and r.user == accounts.os_user() for r in booked)
+    assert ledger.accrue(store, (job.ended_at or 0) + 20) == 0  # booked once, closed
+    store.close()
