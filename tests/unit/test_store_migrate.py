@@ -18,6 +18,7 @@ def test_missing_column_is_added_and_old_rows_read_as_unknown(tmp_path: Path) ->
     Store(url=f"sqlite:///{db}").close()
     with sqlite3.connect(db) as conn:  # an older version's jobs table: no first_step column
         conn.execute("ALTER TABLE jobs DROP COLUMN first_step")
+        conn.execute("DROP TABLE alembic_version")  # and, like every older version, no Alembic
         conn.execute("INSERT INTO clusters (name, gpu, count, nodes, network, disk_bytes, backend,"
                      " usd_per_hour, status, created_at, scratch_dir, spec_json) VALUES "
                      "('c', 'cpu', 1, 1, 'pcie', 1, 'local', 0, 'running', 0, '/x', '{}')")

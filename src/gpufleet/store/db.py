@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from sqlalchemy import create_engine, event, inspect
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,7 +28,6 @@ from gpufleet.errors import StateError
 from gpufleet.home import ensure_home
 from gpufleet.state_file import check_openable, db_error
 from gpufleet.store import postgres
-from gpufleet.store.models import Base
 
 
 def gpufleet_home() -> Path:
@@ -78,43 +77,14 @@ def _set_aside_prerelease(path: Path) -> None:
               "a new state file", file=sys.stderr)
 
 
-def _rekey_reservations(conn: Any) -> None:
-    """Reservations were unique by (node, device); with several pools they are unique by (pool,
-    node, device). A constraint cannot be altered in SQLite, so the table is rebuilt, its rows
-    (the devices running clusters hold) copied with their cluster's pool."""
-    inspector = inspect(conn)
-    if conn.dialect.name != "sqlite" or "reservations" not in inspector.get_table_names():
-        return  # a PostgreSQL store was never version 1
-    keys = [sorted(u["column_names"]) for u in inspector.get_unique_constraints("reservations")]
-    if ["device_id", "node_id"] not in keys:
-        return
-    conn.exec_driver_sql("ALTER TABLE reservations RENAME TO reservations_v1")
-    Base.metadata.tables["reservations"].create(conn)
-    conn.exec_driver_sql(
-        "INSERT INTO reservations (id, cluster_id, node_id, address, device_id, device_index, pool) "
-        "SELECT r.id, r.cluster_id, r.node_id, r.address, r.device_id, r.device_index, "
-        "COALESCE(c.pool, 'local') FROM reservations_v1 r JOIN clusters c ON c.id = r.cluster_id")
-    conn.exec_driver_sql("DROP TABLE reservations_v1")
-
-
 def _migrate(engine: Engine) -> None:
-    """Create missing tables, and add columns that newer versions introduced (nullable, so old
-    rows read as 'unknown'), in one transaction: a write transaction, so two processes opening
-    a new store at once take turns (on PostgreSQL, DDL is transactional too)."""
+    """Bring the store to the newest schema (`store.migrations`: Alembic, with the fix-ups of
+    the versions before it) in one write transaction, so two processes opening a new store at
+    once take turns (on PostgreSQL, DDL is transactional too)."""
+    from gpufleet.store import migrations
+
     with engine.begin() as conn:
-        inspector = inspect(conn)
-        if "clusters" in inspector.get_table_names() and "pool" not in {
-                c["name"] for c in inspector.get_columns("clusters")}:
-            conn.exec_driver_sql('ALTER TABLE clusters ADD COLUMN "pool" VARCHAR(64)')
-        _rekey_reservations(conn)
-        Base.metadata.create_all(conn)
-        inspector = inspect(conn)
-        for table in Base.metadata.sorted_tables:
-            have = {c["name"] for c in inspector.get_columns(table.name)}
-            for col in table.columns:
-                if col.name not in have:
-                    kind = col.type.compile(dialect=engine.dialect)
-                    conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}')
+        migrations.migrate(conn)
         if engine.dialect.name == "sqlite":
             conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
 

@@ -52,6 +52,7 @@ class Cluster(Base):
     # the job's supervisor is recorded, so a `run` killed during start-up frees what it reserved
     owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     owner_started: Mapped[float | None] = mapped_column(Float, nullable=True)
+    user: Mapped[str | None] = mapped_column(String(64), nullable=True)  # who launched it
 
 
 class Pool(Base):
