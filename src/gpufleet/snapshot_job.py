@@ -161,7 +161,7 @@ def _detail(db: sqlite3.Connection, name: str, now: float) -> dict[str, Any]:
     words = layout_words(job.spec_json, job.world_size)
     view = job_view(job, c, now, _model_state(db, job.name), lambda _spec, _n: words)
     events = [{"time": e["time"], "kind": e["kind"], "reason": e["reason"]}
-              for e in _select(db, "job_events", "job_id = ? ORDER BY id", [job.id])]
+              for e in _select(db, "job_events", "job_id = ? ORDER BY time, id", [job.id])]
     return {
         **view.as_dict(),
         "now": now,

@@ -69,6 +69,7 @@ def test_six_jobs_share_two_slots_in_priority_then_submission_order(fleet: Fleet
     again = fleet("cancel", "j7")
     assert again.returncode == 2 and "cancelled, not queued" in again.stderr
     status = fleet.json("status", "j3", "--json")
+    assert fleet.json("status", "j4", "--json")["status"] == "queued"
     assert status["status"] == "queued" and status["position"] >= 1
     logs = fleet("logs", "j3")
     assert logs.returncode == 0 and "is queued" in logs.stderr
@@ -76,6 +77,8 @@ def test_six_jobs_share_two_slots_in_priority_then_submission_order(fleet: Fleet
     names = list(pri)
     done = wait_all_ended(fleet, names, timeout=240)
     assert {n: done[n]["status"] for n in names} == dict.fromkeys(names, "succeeded")
+    events = [e["kind"] for e in fleet.status("j4")["events"]]
+    assert events[:2] == ["queued", "starting"], events  # its wait is in its history
     assert done["j7"]["status"] == "cancelled"
     assert all(r["user"] for r in done.values())
     audit = fleet.json("admin", "audit", "--json")
@@ -149,3 +152,11 @@ def test_no_queue_refuses_and_a_job_that_never_fits_is_not_queued(fleet: Fleet,
     assert bad.returncode == 2 and "time_limit" in bad.stderr, bad.stderr
     assert [r["name"] for r in fleet.json("jobs", "--json")] == ["holder"]
     gate.touch()
+
+
+def test_a_job_past_its_time_limit_is_stopped_with_that_reason(fleet: Fleet,
+                                                               tmp_path: Path) -> None:
+    submit(fleet, "limited", tmp_path / "never", "--time-limit", "3s")
+    ended = fleet.wait_ended("limited", timeout=90)
+    assert ended["status"] == "stopped", ended
+    assert "ran past its time limit (3s)" in ended["reason"], ended

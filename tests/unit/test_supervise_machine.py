@@ -392,3 +392,24 @@ def test_a_job_shrinks_then_grows_back_as_its_load_changes() -> None:
                        Transition(JobStatus.RESIZING, "1 -> 2 workers: utilization 0.75 >= 0.45 "
                                   "over 3 s"), Say("resizing 1 -> 2 workers: utilization 0.75 >= "
                                                    "0.45 over 3 s")]
+
+
+# -- the time limit --------------------------------------------------------------------------------
+
+def test_the_time_limit_counts_from_the_first_start_and_ends_the_job_as_stopped() -> None:
+    state, _ = _feed(machine.initial(_config(time_limit_s=600.0), 2), Begin(), WorkersStarted(),
+                     now=100.0)
+    state, actions = _feed(state, Tick((), {}, None), now=699.0)
+    assert actions == [] and state.phase == "running"
+    state, _ = _feed(state, BOOM, now=650.0)  # a restart does not reset the clock
+    state, _ = _feed(state, BackoffOver(), WorkersStarted(), now=660.0)
+    assert state.first_started_at == 100.0
+    state, actions = _feed(state, Tick((), {}, None), now=700.5)
+    assert actions == [EndWorkers(10.0), Finish(None)]
+    status, reason = _final(state)
+    assert status == JobStatus.STOPPED and reason.startswith("ran past its time limit (10m)")
+
+
+def test_without_a_time_limit_the_clock_never_stops_a_job() -> None:
+    state, actions = _feed(_running(), Tick((), {}, None), now=10.0 ** 7)
+    assert actions == [] and state.phase == "running"

@@ -168,6 +168,9 @@ def _start(store: Store, e: QueuedJob, spec: JobSpec, backfilled: bool,
                                owner=(e.user, e.team), from_queue=True)
         assert isinstance(result, tuple)
         job, _cluster = result
+        jobs.add_event(store, job.id, "queued",
+                       f"submitted by {e.user}; waited {now - e.submitted_at:.0f}s in the queue"
+                       + (", then backfilled" if backfilled else ""), t=e.submitted_at)
         runs.start_detached(store, job, e.cpu_slots)
     except (AllocationError, ConflictError) as exc:
         if _busy_error(exc):
