@@ -180,7 +180,8 @@ def get(store: Store, name: str) -> Job:
 
 def events(store: Store, job_id: int) -> list[Event]:
     with store.read() as s:
-        return list(s.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.time, Event.id)).all())
+        return list(s.scalars(select(Event).where(Event.job_id == job_id)
+                              .order_by(Event.time, Event.id)).all())
 
 
 def model_state(store: Store, job_name: str) -> dict[int, dict[str, float]]:
