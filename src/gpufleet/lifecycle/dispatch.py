@@ -115,8 +115,13 @@ def dispatch(store: Store, now: float | None = None) -> Pass:
         return Pass(Plan((), ()))
     specs: dict[str, tuple[ClusterSpec | None, int | None]] = {}
     parsed: dict[str, JobSpec] = {}
-    for e in entries.values():
-        spec = JobSpec.model_validate_json(e.spec_json)
+    for e in list(entries.values()):
+        try:
+            spec = JobSpec.model_validate_json(e.spec_json)
+        except ValueError as exc:  # stored by a version whose spec this one cannot read
+            _refuse(store, e, f"its spec cannot be read by this version: {exc}", now)
+            del entries[e.name]
+            continue
         parsed[e.name] = spec
         specs[e.name] = (spec.cluster if isinstance(spec.cluster, ClusterSpec) else None,
                          e.cpu_slots)

@@ -154,9 +154,11 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
     if never:
         raise SpecError([("count", never.split(": ", 1)[1])])
     with store.read() as s:
-        ahead = s.scalar(select(QueuedJob.id).where(QueuedJob.status == QueueStatus.QUEUED,
-                                                    QueuedJob.pool == need.pool,
-                                                    QueuedJob.gpu == need.gpu).limit(1))
+        same = (QueuedJob.cluster == need.cluster) if need.cluster is not None else \
+            (QueuedJob.cluster.is_(None) & (QueuedJob.pool == need.pool)
+             & (QueuedJob.gpu == need.gpu))
+        ahead = s.scalar(select(QueuedJob.id).where(QueuedJob.status == QueueStatus.QUEUED, same)
+                         .limit(1))
     held = admit.quota_problem(w, teams.in_use(store), limits) or \
         admit.budget_problem(w, limits.budget_left, limits)
     if not queue:
