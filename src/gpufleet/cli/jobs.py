@@ -40,11 +40,11 @@ from gpufleet.cli.options import (
     Yes,
     default,
 )
+from gpufleet.cli.queue import print_queued, queue_row, queued_first, remote_logs
 from gpufleet.cli.supervising import hand_over, print_dry_run, script_notes, warned_first
 from gpufleet.errors import SpecError
 
 if TYPE_CHECKING:
-    from gpufleet.server.client import Client
     from gpufleet.store import Store
 
 CLUSTER, LAYOUT, PRECISION = "Cluster", "Layout", "Precision and framework"
@@ -198,11 +198,11 @@ def logs(
 
     client = remote()
     if client is not None:
-        _remote_logs(client, job, follow, rank)
+        remote_logs(client, job, follow, rank)
         return
     st = store()
     if jobs.get_or_none(st, job) is None:
-        _queued_first(st, job, follow)
+        queued_first(st, job, follow)
     j = jobs.get(st, job)
     path = Path(j.job_dir) / ("job.log" if rank is None else f"logs/rank{rank}.log")
     if rank is not None and not 0 <= rank < j.world_size:
@@ -252,10 +252,10 @@ def status(
         from gpufleet.views import job_detail
 
         st = store()
-        waiting = _queue_row(st, job)
+        waiting = queue_row(st, job)
         detail = waiting if waiting is not None else job_detail(st, job, time.time())
     if "queued" in detail:  # no job record yet: its place in the queue
-        _print_queued(detail, as_json)
+        print_queued(detail, as_json)
         return
     if as_json:
         print_json(detail)
@@ -286,68 +286,3 @@ def status(
     except KeyboardInterrupt:  # leaving the view does not stop the job
         return
 
-
-def _queue_row(st: Store, name: str) -> dict[str, Any] | None:
-    """A job still in the queue (or that left it without starting), as `status` shows it."""
-    from gpufleet.lifecycle import jobs, listing, queued
-
-    if jobs.get_or_none(st, name) is not None:
-        return None
-    e = queued.entry(st, name)
-    return {**listing.queued_row(e), "queued": True} if e is not None else None
-
-
-def _print_queued(row: dict[str, Any], as_json: bool) -> None:
-    from gpufleet.cli.follow import queue_line
-
-    if as_json:
-        print_json(row)
-        return
-    if row["status"] == "queued":
-        out.print(f"Job {row['name']} ({row['count']} x {row['gpu']}, user {row['user']}) is "
-                  f"{queue_line(row, time.time())}", markup=False, highlight=False,
-                  soft_wrap=True)
-    else:
-        out.print(f"Job {row['name']} left the queue without starting: {row['status']}"
-                  + (f" ({row['reason']})" if row.get("reason") else ""), markup=False,
-                  highlight=False)
-
-
-def _queued_first(st: Store, name: str, follow: bool) -> None:
-    """`logs` of a job that has not started: say so, and with -f wait for its start."""
-    from gpufleet.cli.follow import queue_line
-    from gpufleet.errors import ConflictError
-    from gpufleet.lifecycle import jobs, listing, queued
-
-    e = queued.entry(st, name)
-    if e is None:
-        return  # jobs.get then says which jobs there are
-    if e.status != "queued":
-        raise ConflictError(f"logs: job '{name}' left the queue without starting ({e.status}"
-                            f"{': ' + e.reason if e.reason else ''}); it has no log")
-    from gpufleet.cli.app import err
-
-    err.print(f"Job {name} is {queue_line(listing.queued_row(e), time.time())}; its log "
-              "starts when it runs.", markup=False, highlight=False, soft_wrap=True)
-    if not follow:
-        raise typer.Exit(0)
-    while jobs.get_or_none(st, name) is None:
-        e = queued.entry(st, name)
-        if e is None or e.status != "queued":
-            raise ConflictError(f"logs: job '{name}' left the queue without starting")
-        time.sleep(0.5)
-
-
-def _remote_logs(client: Client, name: str, follow: bool, rank: int | None) -> None:
-    offset = 0
-    while True:
-        got = client.call("GET", f"/api/v1/jobs/{name}/logs",
-                          query={"offset": offset, "rank": rank})
-        sys.stdout.write(got["text"])
-        sys.stdout.flush()
-        offset = got["offset"]
-        if got["more"]:
-            continue
-        if not follow or not got["active"]:
-            return
-        time.sleep(1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -11,7 +12,8 @@ from gpufleet.cli.app import COMMAND, app, err, out, print_json, remote, store
 from gpufleet.cli.options import Json
 
 if TYPE_CHECKING:
-    from gpufleet.store import QueuedJob
+    from gpufleet.server.client import Client
+    from gpufleet.store import QueuedJob, Store
 
 
 def queued_message(name: str, entry: QueuedJob | None, detach: bool) -> None:
@@ -102,3 +104,69 @@ def cancel(job: Annotated[str, typer.Argument(help="A queued job.")]) -> None:
         st = store()
         queued.cancel(st, job, accounts.local_identity(st))
     out.print(f"Job {job}: cancelled (it was queued).")
+
+
+def queue_row(st: Store, name: str) -> dict[str, Any] | None:
+    """A job still in the queue (or that left it without starting), as `status` shows it."""
+    from gpufleet.lifecycle import jobs, listing, queued
+
+    if jobs.get_or_none(st, name) is not None:
+        return None
+    e = queued.entry(st, name)
+    return {**listing.queued_row(e), "queued": True} if e is not None else None
+
+
+def print_queued(row: dict[str, Any], as_json: bool) -> None:
+    from gpufleet.cli.follow import queue_line
+
+    if as_json:
+        print_json(row)
+        return
+    if row["status"] == "queued":
+        out.print(f"Job {row['name']} ({row['count']} x {row['gpu']}, user {row['user']}) is "
+                  f"{queue_line(row, time.time())}", markup=False, highlight=False,
+                  soft_wrap=True)
+    else:
+        out.print(f"Job {row['name']} left the queue without starting: {row['status']}"
+                  + (f" ({row['reason']})" if row.get("reason") else ""), markup=False,
+                  highlight=False)
+
+
+def queued_first(st: Store, name: str, follow: bool) -> None:
+    """`logs` of a job that has not started: say so, and with -f wait for its start."""
+    from gpufleet.cli.follow import queue_line
+    from gpufleet.errors import ConflictError
+    from gpufleet.lifecycle import jobs, listing, queued
+
+    e = queued.entry(st, name)
+    if e is None:
+        return  # jobs.get then says which jobs there are
+    if e.status != "queued":
+        raise ConflictError(f"logs: job '{name}' left the queue without starting ({e.status}"
+                            f"{': ' + e.reason if e.reason else ''}); it has no log")
+    from gpufleet.cli.app import err
+
+    err.print(f"Job {name} is {queue_line(listing.queued_row(e), time.time())}; its log "
+              "starts when it runs.", markup=False, highlight=False, soft_wrap=True)
+    if not follow:
+        raise typer.Exit(0)
+    while jobs.get_or_none(st, name) is None:
+        e = queued.entry(st, name)
+        if e is None or e.status != "queued":
+            raise ConflictError(f"logs: job '{name}' left the queue without starting")
+        time.sleep(0.5)
+
+
+def remote_logs(client: Client, name: str, follow: bool, rank: int | None) -> None:
+    offset = 0
+    while True:
+        got = client.call("GET", f"/api/v1/jobs/{name}/logs",
+                          query={"offset": offset, "rank": rank})
+        sys.stdout.write(got["text"])
+        sys.stdout.flush()
+        offset = got["offset"]
+        if got["more"]:
+            continue
+        if not follow or not got["active"]:
+            return
+        time.sleep(1.0)
