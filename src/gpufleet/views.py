@@ -47,22 +47,28 @@ def cluster_row(store: Store, c: Cluster, now: float, nodes: list[Node] | None) 
 
 
 def all_clusters(store: Store, now: float, active_only: bool = False,
-                 limit: int = 200) -> list[dict[str, Any]]:
+                 limit: int = 200, user: str | None = None) -> list[dict[str, Any]]:
+    """`user`: only clusters that ran a job of theirs (what a server's user may see)."""
     q = select(Cluster).order_by(Cluster.id.desc()).limit(limit)
     if active_only:
         q = q.where(Cluster.status.in_(clusters.ACTIVE))
+    if user is not None:
+        q = q.where(Cluster.id.in_(select(Job.cluster_id).where(Job.user == user)))
     with store.read() as s:
         found = list(s.scalars(q))
     return [cluster_dict(store, c, now) for c in found]
 
 
-def views(store: Store, now: float, limit: int = 200,
-          since: float | None = None) -> list[tuple[Job, Cluster, JobView]]:
-    """Jobs newest first, with their view; `since`: only jobs active or ended after it."""
+def views(store: Store, now: float, limit: int = 200, since: float | None = None,
+          user: str | None = None) -> list[tuple[Job, Cluster, JobView]]:
+    """Jobs newest first, with their view; `since`: only jobs active or ended after it;
+    `user`: only theirs."""
     q = select(Job, Cluster).join(Cluster, Cluster.id == Job.cluster_id) \
         .order_by(Job.id.desc()).limit(limit)
     if since is not None:
         q = q.where((Job.status.in_(jobs.ACTIVE)) | (Job.ended_at >= since))
+    if user is not None:
+        q = q.where(Job.user == user)
     with store.read() as s:
         rows = [(row[0], row[1]) for row in s.execute(q)]
     return [(j, c, job_view(j, c, now)) for j, c in rows]

@@ -129,8 +129,10 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
         if loop is not None:
             loop.wake()
 
+    from gpufleet.server import pages
+
     ctx = Ctx(store, who, woke, loop)
-    del ctx  # other route modules take it: add_routes(app, ctx)
+    pages.add_routes(app, ctx)
 
     @app.get("/api/v1/version")
     def version() -> dict[str, Any]:

@@ -20,6 +20,7 @@ from gpufleet.store import Store
 from gpufleet.web import auth, data, prom
 
 STATIC = resources.files("gpufleet.web") / "static"
+TEAM_MARK = "<!--gpufleet:team-->"  # where a team server adds its own scripts to the page
 
 
 def create_app(store: Store, token: str | None = None, focus: str | None = None,
@@ -60,8 +61,7 @@ def create_app(store: Store, token: str | None = None, focus: str | None = None,
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> str:
-        html = (STATIC / "index.html").read_text()
-        return html.replace("__GPUFLEET_FOCUS__", _js_string(focus or ""))
+        return page_html(focus)
 
     @app.get("/api/clusters")
     def api_clusters(all: bool = False) -> list[dict[str, Any]]:
@@ -86,6 +86,21 @@ def create_app(store: Store, token: str | None = None, focus: str | None = None,
 
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
     return app
+
+
+def page_html(focus: str | None, team_head: str = "") -> str:
+    """The page, opening on `focus`; `team_head`: the team server's scripts (its Queue and
+    Usage panels), left out by the single-user dashboard."""
+    html = (STATIC / "index.html").read_text()
+    return html.replace("__GPUFLEET_FOCUS__", _js_string(focus or "")).replace(TEAM_MARK,
+                                                                                team_head)
+
+
+def js_value(value: object) -> str:
+    """A JSON value to put in the page's inline script, safely (no `</script>` inside)."""
+    import json
+
+    return json.dumps(value).replace("<", "\\u003c")
 
 
 def _js_string(value: str) -> str:

@@ -29,8 +29,11 @@ def _help(name: str) -> str:
 
 
 class StoreCollector(Collector):
-    def __init__(self, store: Store):
+    """`user`: only that user's jobs and the clusters they ran on (a team server's user)."""
+
+    def __init__(self, store: Store, user: str | None = None):
         self.store = store
+        self.user = user
 
     def collect(self) -> Iterator[Metric]:
         now = time.time()
@@ -41,13 +44,13 @@ class StoreCollector(Collector):
                 fams[name] = GaugeMetricFamily(prometheus_name(name), _help(name), labels=labels)
             return fams[name]
 
-        for cd in data.all_clusters(self.store, now, active_only=True):
+        for cd in data.all_clusters(self.store, now, active_only=True, user=self.user):
             labels = [cd["name"], cd["gpu"], cd["network"]]
             names = ["cluster", "gpu_type", "network"]
             fam("cluster_cost_usd", names).add_metric(labels, cd["cost_usd"])
             fam("cluster_usd_per_hour", names).add_metric(labels, cd["usd_per_hour"])
             fam("cluster_devices", names).add_metric(labels, cd["count"])
-        for j, c, v in data.views(self.store, now, since=now - RECENT_S):
+        for j, c, v in data.views(self.store, now, since=now - RECENT_S, user=self.user):
             jl = [c.name, j.name]
             job_labels = ["cluster", "gpufleet_job"]
             fam("job_running", job_labels).add_metric(jl, 1.0 if j.status in jobs.ACTIVE else 0.0)
@@ -76,7 +79,7 @@ class StoreCollector(Collector):
         yield from fams.values()
 
 
-def registry(store: Store) -> CollectorRegistry:
+def registry(store: Store, user: str | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(StoreCollector(store))
+    reg.register(StoreCollector(store, user))
     return reg

@@ -20,15 +20,10 @@
   let jobGen = 0;
 
   // ---- formatting (chart.js has the rest) -------------------------------------------------
-  const { esc, num, clock } = GF;
+  const { esc, num, clock, usd } = GF;
   const { throughput, lossText } = GF;  // the same text as the charts' headers
-
-  function usd(v) {
-    if (v == null || !isFinite(v)) return "-";
-    if (v === 0) return "$0.00";
-    // small amounts keep enough digits that a few seconds of billing show
-    return "$" + (v < 0.01 ? v.toFixed(6) : v < 100 ? v.toFixed(4) : num(v, 2));
-  }
+  // behind a team server (team.js, loaded only there): sign-in, the Queue and Usage panels
+  const TEAM = window.GFTeam || null;
 
   function duration(s) {
     if (s == null || !isFinite(s)) return "-";
@@ -67,7 +62,10 @@
   }
 
   function failed(e) {
-    if (e.status === 401) {
+    if (e.status === 401 && TEAM) {
+      halted = true;
+      TEAM.signedOut();  // the cookie is gone or its user was removed: back to the sign-in form
+    } else if (e.status === 401) {
       halted = true;
       clearTimeout(jobTimer);
       banner("Not authorized (401): this dashboard needs its access token. Open the exact address `gpufleet dashboard` " +
@@ -100,6 +98,7 @@
   function initial() {
     const hash = decodeURIComponent(location.hash.slice(1));
     const [kind, name] = hash.includes("=") ? hash.split(/=(.*)/s) : [null, hash];
+    if (TEAM && (kind === "team" || (!name && !window.GPUFLEET_FOCUS))) return { kind: "team", name: "overview" };
     const want = name || window.GPUFLEET_FOCUS || "";
     if (want) {
       const c = lists.clusters.find((x) => x.name === want);
@@ -120,6 +119,8 @@
     $("empty").hidden = s.kind !== null;
     $("job-view").hidden = s.kind !== "job";
     $("cluster-view").hidden = s.kind !== "cluster";
+    $("team-view").hidden = s.kind !== "team";
+    if (TEAM) TEAM.show(s.kind === "team");
     if (s.kind === "job") {
       GFPanels.build($("charts"), $("custom-charts"));
       pollJob();
@@ -143,6 +144,7 @@
           · ${j.status === "running" && j.samples_per_s != null ? num(j.samples_per_s) + "/s" : esc(j.status)}</div>
         <div class="mini"><div style="width:${pct}%"></div></div></li>`;
     }).join("") || `<li class="muted">none yet</li>`;
+    if (TEAM) TEAM.mark(sel.kind === "team");
     $("clusters").innerHTML = lists.clusters.map((c) => `<li class="item${c.name === shownCluster ? " sel" : ""}"
         data-kind="cluster" data-name="${esc(c.name)}">
         <div class="r1"><span class="dot st-${esc(c.status)}"></span><b>${esc(c.name)}</b>
@@ -153,10 +155,11 @@
   }
 
   function onListClick(ev) {
-    const li = ev.target.closest("li.item");
+    const li = ev.target.closest("[data-kind]");
     if (!li) return;
     const name = li.dataset.name;
     if (li.dataset.kind === "job") return choose({ kind: "job", name });
+    if (li.dataset.kind === "team") return choose({ kind: "team", name });
     const c = lists.clusters.find((x) => x.name === name);
     choose(c && c.job ? { kind: "job", name: c.job } : { kind: "cluster", name });
   }
@@ -305,6 +308,7 @@
   // ---- start --------------------------------------------------------------------------------
   $("jobs").addEventListener("click", onListClick);
   $("clusters").addEventListener("click", onListClick);
+  if (TEAM) for (const id of ["team-list", "team-view"]) $(id).addEventListener("click", onListClick);
   let resizeTimer = null;
   window.addEventListener("resize", () => {
     clearTimeout(resizeTimer);

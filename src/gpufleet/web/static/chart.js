@@ -17,6 +17,13 @@ window.GF = (() => {
   const throughput = (d) => d.samples_per_s == null ? "-" : num(d.samples_per_s);
   const lossText = (v) => v == null ? "-" : num(v, 4, false);
 
+  function usd(v) {
+    if (v == null || !isFinite(v)) return "-";
+    if (v === 0) return "$0.00";
+    // small amounts keep enough digits that a few seconds of billing show
+    return "$" + (v < 0.01 ? v.toFixed(6) : v < 100 ? v.toFixed(4) : num(v, 2));
+  }
+
   function clock(t) {
     const d = new Date(t * 1000);
     const time = d.toLocaleTimeString("en-GB", { hour12: false });
@@ -202,5 +209,5 @@ window.GF = (() => {
     }
   }
 
-  return { esc, num, clock, throughput, lossText, plain, scaleFor, shown, ema, draw, hover };
+  return { esc, num, clock, usd, throughput, lossText, plain, scaleFor, shown, ema, draw, hover };
 })();
