@@ -86,7 +86,7 @@ def test_a_user_signs_in_and_sees_their_queue_and_their_team(
             time.sleep(0.5)
         a2, b1 = rows["a2"], rows["b1"]
         assert b1["position"] == 1 and "waits for 1 x cpu" in b1["reason"], b1
-        assert a2["position"] == 2 and a2["est_start"] and "behind job b1" in a2["reason"], a2
+        assert a2["position"] == 2 and a2["est_start"] and "behind the job at position 1" in a2["reason"], a2
 
         with httpx.Client(base_url=url, timeout=30) as http:
             assert http.get("/metrics").status_code == 401
@@ -134,7 +134,7 @@ def test_a_user_signs_in_and_sees_their_queue_and_their_team(
                 expect(waiting.locator(".pos")).to_have_text("2")
                 expect(waiting.locator(".est")).to_contain_text(re.compile(r"\d\d:\d\d:\d\d"))
                 expect(waiting.locator(".est")).to_contain_text("in ")
-                expect(waiting.locator(".why")).to_contain_text("behind job b1")
+                expect(waiting.locator(".why")).to_contain_text("behind the job at position 1")
                 expect(page.locator('#running tr[data-job="a1"]')).to_be_visible()
                 assert page.locator('#queue tr[data-job="b1"]').count() == 0  # bob's
                 expect(page.locator("#jobs li.item")).to_have_count(1)  # a1, alice's own

@@ -66,7 +66,7 @@ def test_six_jobs_two_devices_start_in_priority_then_submission_order() -> None:
     assert held(p) == [("j6", Wait.DEVICES, 1, 100.0), ("j1", Wait.BEHIND, 2, 100.0),
                        ("j3", Wait.BEHIND, 3, 200.0), ("j5", Wait.BEHIND, 4, 200.0)]
     assert one(p, "j6").text == "waits for 1 x a100 to be free (0 free now)"
-    assert one(p, "j3").text == "behind job j6, which is next for a100 devices"
+    assert one(p, "j3").text == "behind the job at position 1, which is next for a100 devices"
     assert pool.free[A100] == 0
 
 

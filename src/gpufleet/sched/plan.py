@@ -61,6 +61,8 @@ class _Head:
     name: str
     shadow: float | None  # when the head is expected to start; None: cannot be told
     spare: int  # devices free at the shadow time beyond what the head needs
+    position: int = 0  # its place among the waiting jobs (named by place, not by name: a
+    # user may see the reasons of their own jobs, not the names of others')
 
 
 def plan(waiting: Sequence[Waiting], running: Sequence[Running], free: Mapping[Resource, int],
@@ -143,7 +145,7 @@ def plan(waiting: Sequence[Waiting], running: Sequence[Running], free: Mapping[R
                 later = sorted(t for t, _ in tl.releases if t >= now)
                 shadow = later[0] if later else None
             spare = tl.free_at(shadow) - w.count if shadow is not None else 0
-            heads[w.resource] = _Head(w.name, shadow, max(0, spare))
+            heads[w.resource] = _Head(w.name, shadow, max(0, spare), len(held) + 1)
             _reserve(tl, shadow, w)
             hold(w, Wait.DEVICES, f"waits for {w.count} x {w.resource[1]} to be free "
                  f"({tl.free_now} free now)", shadow)
@@ -157,8 +159,8 @@ def plan(waiting: Sequence[Waiting], running: Sequence[Running], free: Mapping[R
             started(w, backfilled=True)
             continue
         behind.append((len(held), w, head))
-        hold(w, Wait.BEHIND, f"behind job {head.name}, which is next for "
-             f"{w.resource[1]} devices", None)
+        hold(w, Wait.BEHIND, f"behind the job at position {head.position}, which is next "
+             f"for {w.resource[1]} devices", None)
     for i, w, head in behind:  # in queue order: each one's estimate comes after those ahead
         tl = line(w.resource)
         est = None if head.shadow is None else tl.earliest(w.count, head.shadow, w.duration_s)
