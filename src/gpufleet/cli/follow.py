@@ -103,9 +103,10 @@ def when(t: float | None, now: float) -> str:
 
 def queue_line(row: dict[str, Any], now: float) -> str:
     pos = row.get("position")
-    where = f"position {pos}" if pos else "waiting for its first turn"
+    if not pos:  # the server has not planned it yet: that takes a second
+        return "queued: its place and estimated start come with the queue's next pass (a second)"
     reason = row.get("reason") or "waiting for devices"
-    return f"queued: {where}, estimated start {when(row.get('est_start'), now)}; {reason}"
+    return f"queued: position {pos}, estimated start {when(row.get('est_start'), now)}; {reason}"
 
 
 def wait_and_follow(source: Source, name: str) -> None:
