@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import select, update
 
 from gpufleet.errors import AllocationError, ConflictError, GpufleetError
-from gpufleet.lifecycle import accounts, jobs, pools, runs, submit
+from gpufleet.lifecycle import accounts, jobs, pools, reconcile, runs, submit
 from gpufleet.lifecycle.queued import limits_now, waiting_of
-from gpufleet.lifecycle.status import QueueStatus
+from gpufleet.lifecycle.status import JobStatus, QueueStatus
 from gpufleet.pool.allocate import Allocator
 from gpufleet.sched import plan as scheduler
 from gpufleet.sched.model import Plan, Resource, Running, Waiting
@@ -67,17 +67,25 @@ def recent_use(store: Store, now: float) -> dict[str, float]:
 
 class Inventory:
     """The pools' devices for one pass: discovered once per (pool, CPU slots), with what is
-    reserved, as allocators that take what the plan starts."""
+    reserved, as allocators that take what the plan starts. A pool that cannot be seen now
+    (removed, or its Ray cluster unreachable) has no devices this pass, and `problems` says why:
+    its jobs wait, and the other pools' queues go on."""
 
     def __init__(self, store: Store):
         self.store = store
         self.allocators: dict[tuple[str, int | None], Allocator] = {}
+        self.problems: dict[str, str] = {}
 
     def allocator(self, pool: str, cpu_slots: int | None) -> Allocator:
         key = (pool, cpu_slots)
         if key not in self.allocators:
-            prow = None if pool == "local" else pools.get(self.store, pool)
-            nodes = pools.backend_for(prow, cpu_slots).discover()
+            try:
+                prow = None if pool == "local" else pools.get(self.store, pool)
+                nodes = pools.backend_for(prow, cpu_slots).discover()
+            except GpufleetError as exc:
+                self.problems[pool] = str(exc)
+                self.allocators[key] = Allocator([])
+                return self.allocators[key]
             held, whole = pools.held_on(self.store, prow.name if prow else None)
             self.allocators[key] = Allocator(nodes, held, whole)
         return self.allocators[key]
@@ -143,9 +151,12 @@ def dispatch(store: Store, now: float | None = None) -> Pass:
             done.refused[e.name] = why
     with store.session() as s:
         for h in decided.held:
+            pool = entries[h.name].pool
+            text = h.text if pool not in inv.problems else \
+                f"pool {pool} cannot be used now: {inv.problems[pool]}"
             s.execute(update(QueuedJob).where(QueuedJob.name == h.name,
                                               QueuedJob.status == QueueStatus.QUEUED)
-                      .values(wait=h.wait.value, reason=h.text, position=h.position,
+                      .values(wait=h.wait.value, reason=text, position=h.position,
                               est_start=h.est_start, decided_at=now))
     return done
 
@@ -176,7 +187,6 @@ def _start(store: Store, e: QueuedJob, spec: JobSpec, backfilled: bool,
         jobs.add_event(store, job.id, "queued",
                        f"submitted by {e.user}; waited {now - e.submitted_at:.0f}s in the queue"
                        + (", then backfilled" if backfilled else ""), t=e.submitted_at)
-        runs.start_detached(store, job, e.cpu_slots)
     except (AllocationError, ConflictError) as exc:
         if _busy_error(exc):
             _requeue(store, e.id)
@@ -184,12 +194,27 @@ def _start(store: Store, e: QueuedJob, spec: JobSpec, backfilled: bool,
         return _refuse(store, e, str(exc), now)
     except GpufleetError as exc:
         return _refuse(store, e, str(exc), now)
+    try:
+        runs.start_detached(store, job, e.cpu_slots)
+    except OSError as exc:  # no supervisor: the job ends here, or it holds its devices forever
+        return _not_started(store, e, job, f"its supervisor could not start: {exc}", now)
     with store.session() as s:
         waited = now - e.submitted_at
         accounts.audit(s, "gpufleet", "start", e.name,
                        f"after {waited:.0f}s in the queue{', backfilled' if backfilled else ''}",
                        now)
     return None
+
+
+def _not_started(store: Store, e: QueuedJob, job: Job, why: str, now: float) -> str:
+    """The job record exists but nothing runs it: it fails with the reason (its entry stays
+    `started`: the job's row tells the rest) and a cluster made for it is freed. The server
+    that made it lives on, so `reconcile` would never see it as orphaned."""
+    jobs.transition(store, job.id, JobStatus.FAILED, why, expect=(JobStatus.STARTING,))
+    reconcile.free_own_cluster(store, job, keep=False)
+    with store.session() as s:
+        accounts.audit(s, "gpufleet", "refuse", e.name, why, now)
+    return why
 
 
 def _busy_error(exc: GpufleetError) -> bool:

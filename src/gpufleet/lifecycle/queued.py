@@ -9,6 +9,7 @@ run) and record it. The server's loop (`lifecycle.dispatch`) starts queued jobs 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
@@ -138,6 +139,24 @@ def _busy(store: Store, spec: JobSpec, cpu_slots: int | None) -> bool:
     return False
 
 
+def _contending(store: Store, need: Need, in_use: Mapping[tuple[str, str], int],
+                limits: Limits) -> bool:
+    """Whether a queued job waits for what this one needs, so this one waits its turn too:
+    one for the same existing cluster, or for new devices of the same pool and type. One that
+    its team's quota or budget holds waits for that, not for the devices, and as in the
+    scheduler (`sched.plan`) holds up no one."""
+    q = select(QueuedJob).where(QueuedJob.status == QueueStatus.QUEUED)
+    if need.cluster is not None:
+        q = q.where(QueuedJob.cluster == need.cluster)
+    else:
+        q = q.where(QueuedJob.cluster.is_(None), QueuedJob.pool == need.pool,
+                    QueuedJob.gpu == need.gpu)
+    with store.read() as s:
+        found = [waiting_of(e) for e in s.scalars(q)]
+    return any(not (admit.quota_problem(w, in_use, limits)
+                    or admit.budget_problem(w, limits.budget_left, limits)) for w in found)
+
+
 def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
                  cpu_slots: int | None, queue: bool = True,
                  now: float | None = None) -> tuple[Job, Cluster] | QueuedJob:
@@ -153,23 +172,19 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
     never = admit.never_fits(w, limits)
     if never:
         raise SpecError([("count", never.split(": ", 1)[1])])
-    with store.read() as s:
-        same = (QueuedJob.cluster == need.cluster) if need.cluster is not None else \
-            (QueuedJob.cluster.is_(None) & (QueuedJob.pool == need.pool)
-             & (QueuedJob.gpu == need.gpu))
-        ahead = s.scalar(select(QueuedJob.id).where(QueuedJob.status == QueueStatus.QUEUED, same)
-                         .limit(1))
-    held = admit.quota_problem(w, teams.in_use(store), limits) or \
+    in_use = teams.in_use(store)
+    ahead = _contending(store, need, in_use, limits)
+    held = admit.quota_problem(w, in_use, limits) or \
         admit.budget_problem(w, limits.budget_left, limits)
     if not queue:
         if held:
             raise ConflictError(f"limits: {held} (without --no-queue it would wait in the queue)")
-        if ahead is not None:
+        if ahead:
             raise ConflictError("queue: jobs are waiting for these devices; without --no-queue "
                                 "this job would wait its turn (gpufleet jobs)")
         return _started(submit.submit(store, spec, approve, cpu_slots,
                                       owner=(who.user, who.team)), who, now, store)
-    if ahead is None and not held and not _busy(store, spec, cpu_slots):
+    if not ahead and not held and not _busy(store, spec, cpu_slots):
         try:
             return _started(submit.submit(store, spec, approve, cpu_slots,
                                           owner=(who.user, who.team)), who, now, store)
