@@ -18,9 +18,10 @@ from fleet_helpers import WORKERS, Fleet, error_lines
 GATED = str(WORKERS / "gated.py")
 
 
-def submit(fleet: Fleet, name: str, gate: Path, *extra: str) -> str:
+def submit(fleet: Fleet, name: str, gate: Path, *extra: str,
+           env: dict[str, str] | None = None) -> str:
     r = fleet("run", GATED, "--gpu", "cpu", "--count", "1", "--name", name, "-d", "-y", *extra,
-              "--", str(gate))
+              "--", str(gate), env=env)
     assert r.returncode == 0, r.stderr
     return r.stderr + r.stdout
 
@@ -54,7 +55,9 @@ def test_six_jobs_share_two_slots_in_priority_then_submission_order(fleet: Fleet
                                                                     tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     pri = {"j1": 0, "j2": 0, "j3": 0, "j4": 5, "j5": 0, "j6": 5}
-    said = {n: submit(fleet, n, gate, "--priority", str(p)) for n, p in pri.items()}
+    said = {n: submit(fleet, n, gate, "--priority", str(p),
+                      env={"QUEUE_TEST_MARK": n} if n == "j5" else None)
+            for n, p in pri.items()}
     assert "queued" not in said["j1"] and "queued" not in said["j2"]
     for n in ("j3", "j4", "j5", "j6"):
         assert f"Job {n} is queued" in said[n], said[n]
@@ -77,6 +80,9 @@ def test_six_jobs_share_two_slots_in_priority_then_submission_order(fleet: Fleet
     names = list(pri)
     done = wait_all_ended(fleet, names, timeout=240)
     assert {n: done[n]["status"] for n in names} == dict.fromkeys(names, "succeeded")
+    # a queued job starts in the shell environment it was submitted from, not the server's
+    assert "(mark j5)" in fleet.ok("logs", "j5").stdout
+    assert "(mark -)" in fleet.ok("logs", "j3").stdout
     events = [e["kind"] for e in fleet.status("j4")["events"]]
     assert events[:2] == ["queued", "starting"], events  # its wait is in its history
     assert done["j7"]["status"] == "cancelled"

@@ -167,10 +167,12 @@ def run(
         assert not isinstance(dry, tuple)
         print_dry_run(dry)
         return
+    import os
+
     from gpufleet.lifecycle import accounts, queued
 
     result = queued.run_or_queue(st, spec, accounts.local_identity(st), approve, cpu_slots,
-                                 queue=not no_queue)
+                                 queue=not no_queue, environ=os.environ)
     tell()
     if isinstance(result, tuple):
         hand_over(st, *result, detach, cpu_slots)

@@ -195,7 +195,8 @@ def _start(store: Store, e: QueuedJob, spec: JobSpec, backfilled: bool,
     except GpufleetError as exc:
         return _refuse(store, e, str(exc), now)
     try:
-        runs.start_detached(store, job, e.cpu_slots)
+        runs.start_detached(store, job, e.cpu_slots,
+                            None if e.env_json is None else json.loads(e.env_json))
     except OSError as exc:  # no supervisor: the job ends here, or it holds its devices forever
         return _not_started(store, e, job, f"its supervisor could not start: {exc}", now)
     with store.session() as s:

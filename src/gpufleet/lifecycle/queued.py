@@ -8,6 +8,7 @@ run) and record it. The server's loop (`lifecycle.dispatch`) starts queued jobs 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -106,10 +107,11 @@ def check_queueable(store: Store, spec: JobSpec, cpu_slots: int | None,
 
 
 def enqueue(store: Store, spec: JobSpec, who: Identity, need: Need, cpu_slots: int | None,
-            now: float) -> QueuedJob:
+            now: float, environ: Mapping[str, str] | None = None) -> QueuedJob:
     assert spec.name is not None
     entry = QueuedJob(name=spec.name, user=who.user, team=who.team, priority=spec.priority,
                       submitted_at=now, spec_json=spec.model_dump_json(), cpu_slots=cpu_slots,
+                      env_json=None if environ is None else json.dumps(dict(environ)),
                       pool=need.pool, gpu=need.gpu, count=need.count, cluster=need.cluster,
                       usd_per_hour=need.usd_per_hour, time_limit_s=need.time_limit_s,
                       status=QueueStatus.QUEUED)
@@ -158,9 +160,11 @@ def _contending(store: Store, need: Need, in_use: Mapping[tuple[str, str], int],
 
 
 def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
-                 cpu_slots: int | None, queue: bool = True,
-                 now: float | None = None) -> tuple[Job, Cluster] | QueuedJob:
-    """Start the job now, or queue it (`queue` False: refuse instead, with the reason)."""
+                 cpu_slots: int | None, queue: bool = True, now: float | None = None,
+                 environ: Mapping[str, str] | None = None) -> tuple[Job, Cluster] | QueuedJob:
+    """Start the job now, or queue it (`queue` False: refuse instead, with the reason).
+    `environ`: the submitter's environment, kept for the start of a queued job (the state
+    file is owner-only); None: the starting process's."""
     now = time.time() if now is None else now
     spec = spec.model_copy(update={"name": jobs.job_name_for(spec)})
     assert spec.name is not None
@@ -192,7 +196,7 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
             if not _busy(store, spec, cpu_slots):
                 raise  # refused for a reason other than devices taken a moment ago
     need = check_queueable(store, spec, cpu_slots, approve)
-    return enqueue(store, spec, who, need, cpu_slots, now)
+    return enqueue(store, spec, who, need, cpu_slots, now, environ)
 
 
 def _started(result: object, who: Identity, now: float, store: Store) -> tuple[Job, Cluster]:

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,10 +30,20 @@ if TYPE_CHECKING:
     from gpufleet.supervise.supervisor import Supervisor
 
 
-def start_detached(store: Store, job: Job, cpu_slots: int | None = None) -> int:
+def start_detached(store: Store, job: Job, cpu_slots: int | None = None,
+                   environ: Mapping[str, str] | None = None) -> int:
     """Start the job's own supervisor process and record it; its pid. It sees the pool as the
-    caller did (`cpu_slots`), for an elastic job growing its cluster."""
-    env = dict(os.environ)
+    caller did (`cpu_slots`), for an elastic job growing its cluster. `environ`: the
+    environment to start it in (a queued job's submitting shell), else this process's; the
+    state folder and database are always this process's."""
+    env = dict(os.environ if environ is None else environ)
+    for key in ("GPUFLEET_HOME", "GPUFLEET_DB"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+        else:
+            env.pop(key, None)
+    env.pop("GPUFLEET_SERVER", None)
+    env.pop("GPUFLEET_TOKEN", None)
     if cpu_slots is not None:
         env["GPUFLEET_CPU_SLOTS"] = str(cpu_slots)
     with open(Path(job.job_dir) / "supervisor.log", "ab") as log:

@@ -241,6 +241,9 @@ class QueuedJob(Base):
     submitted_at: Mapped[float] = mapped_column(Float)
     spec_json: Mapped[str] = mapped_column(Text)
     cpu_slots: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # the submitting shell's environment (a local `run`), which its supervisor gets as a `run`
+    # that starts at once would have given it; None: the server's own (a job sent to a server)
+    env_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     # what it waits for, fixed at submission: devices of a type on a pool (or a whole existing
     # cluster), the rate it will be billed, its time limit
     pool: Mapped[str] = mapped_column(String(64), default="local")

@@ -1,6 +1,7 @@
 """A job that holds its devices until a gate file exists (or 120 s pass), then sleeps a little:
 the queue tests decide when running jobs end. No torch: the test pays only for torchrun."""
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,4 +12,4 @@ deadline = time.monotonic() + 120
 while not gate.exists() and time.monotonic() < deadline:
     time.sleep(0.1)
 time.sleep(after)
-print("gated job done", flush=True)
+print(f"gated job done (mark {os.environ.get('QUEUE_TEST_MARK', '-')})", flush=True)

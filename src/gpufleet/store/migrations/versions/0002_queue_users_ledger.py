@@ -34,6 +34,9 @@ def upgrade() -> None:
             jobs.add_column(sa.Column("user", sa.String(64), nullable=True))
             jobs.add_column(sa.Column("team", sa.String(64), nullable=True))
             jobs.create_index("ix_jobs_user", ["user"])
+    if "queue" in sa.inspect(op.get_bind()).get_table_names() and \
+            "env_json" not in _columns("queue"):
+        op.add_column("queue", sa.Column("env_json", sa.Text(), nullable=True))
     if "user" not in _columns("clusters"):
         with op.batch_alter_table("clusters") as clusters:
             clusters.add_column(sa.Column("user", sa.String(64), nullable=True))
@@ -74,6 +77,7 @@ def upgrade() -> None:
         sa.Column("submitted_at", sa.Float(), nullable=False),
         sa.Column("spec_json", sa.Text(), nullable=False),
         sa.Column("cpu_slots", sa.Integer(), nullable=True),
+        sa.Column("env_json", sa.Text(), nullable=True),
         sa.Column("pool", sa.String(64), nullable=False),
         sa.Column("gpu", sa.String(32), nullable=False),
         sa.Column("count", sa.Integer(), nullable=False),
