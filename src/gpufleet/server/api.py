@@ -30,6 +30,7 @@ from gpufleet.errors import (
 )
 from gpufleet.lifecycle import accounts, jobs, ledger, listing, queued, reconcile, runs, teams
 from gpufleet.lifecycle.accounts import Identity
+from gpufleet.lifecycle.status import JobStatus
 from gpufleet.server import API_VERSION
 from gpufleet.server.loop import Loop
 from gpufleet.spec import parse_duration
@@ -160,7 +161,14 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
                                      queue=body.queue)
         if isinstance(result, tuple):
             job, cluster = result
-            runs.start_detached(store, job, body.cpu_slots)
+            try:
+                runs.start_detached(store, job, body.cpu_slots)
+            except OSError as exc:  # nothing runs it: end it here, or it holds its devices
+                why = f"its supervisor could not start: {exc}"
+                jobs.transition(store, job.id, JobStatus.FAILED, why,
+                                expect=(JobStatus.STARTING,))
+                reconcile.free_own_cluster(store, job, keep=False)
+                raise StateError(f"server: job {job.name} {why}") from None
             woke()
             return {"name": job.name, "status": "started", "cluster": cluster.name}
         woke()
