@@ -66,3 +66,8 @@ class ForbiddenError(GpufleetError):
 
 class ServerError(GpufleetError):
     pass
+
+
+class LimitError(ConflictError):
+    """A team's quota, found full in the transaction that would have started the job (another
+    start won the race): the queue holds the job instead."""

@@ -10,6 +10,8 @@ import re
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -107,7 +109,16 @@ def test_a_team_server_enforces_quotas_and_budgets_and_books_every_cost(
         held = {r["name"]: r for r in ok_json(admin, "jobs")}
     assert "quota" in held["b1"]["reason"] and "ml" in held["b1"]["reason"], held["b1"]
     theirs = users["bob"]("cancel", "a2")
-    assert theirs.returncode == 2 and "belongs to alice" in theirs.stderr, theirs.stderr
+    assert theirs.returncode == 2 and "not yours (bob)" in theirs.stderr, theirs.stderr
+    assert "alice" not in theirs.stderr  # whose it is, is not bob's to learn
+    forged = urllib.request.Request(f"{url}/api/v1/jobs/a2/cancel", method="POST",
+                                    headers={"Cookie": f"gpufleet_token={tokens['alice']}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:  # the cookie only reads
+        urllib.request.urlopen(forged, timeout=30)
+    assert refused.value.code == 401
+    second = srv("server", "--port", "0")
+    assert second.returncode == 2 and "another gpufleet server serves" in second.stderr, \
+        second.stderr
     gate.touch()
     done = wait_all_ended(admin, ["a1", "a2", "b1"], timeout=180)
     assert {n: done[n]["status"] for n in ("a1", "a2", "b1")} == dict.fromkeys(

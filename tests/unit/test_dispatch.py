@@ -198,3 +198,33 @@ def test_a_pool_that_cannot_be_seen_holds_up_only_its_own_jobs(store: Store) -> 
     assert reasons["here"] == "waits for 1 x cpu to be free (0 free now)"
     assert reasons["there"] is not None
     assert reasons["there"].startswith("pool gone cannot be used now: pool: no pool named 'gone'")
+
+
+def test_a_limit_lowered_under_a_queued_job_refuses_it_with_the_reason(store: Store) -> None:
+    accounts.add_user(store, ADMIN, "ana", "vision", admin=False)
+    hold(store)
+    waiting = submit(store, spec("wide", 2))
+    assert isinstance(waiting, QueuedJob)
+    accounts.set_quota(store, ADMIN, "vision", "cpu", 1)  # now it can never be admitted
+    done = dispatch.dispatch(store)
+    assert done.started == []
+    gone = queued.entry(store, "wide")
+    assert gone is not None and gone.status == QueueStatus.REFUSED
+    assert gone.reason is not None and gone.reason.startswith("it can no longer start: ")
+    assert "quota is 1 at once" in gone.reason and gone.env_json is None
+
+
+def test_entries_a_dead_server_claimed_but_never_started_are_queued_again(store: Store) -> None:
+    hold(store)
+    for name in ("claimed", "running"):
+        assert isinstance(submit(store, spec(name)), QueuedJob)
+    with store.session() as s:
+        for e in s.scalars(select(QueuedJob)):
+            e.status = QueueStatus.STARTED
+    with store.session() as s:  # "running" got its job record before the server died
+        c = s.scalar(select(Cluster).where(Cluster.name == "hold"))
+        assert c is not None
+        s.add(Job(name="running", cluster_id=c.id, status="running", spec_json="{}",
+                  job_dir="/x", world_size=1, created_at=0.0, samples=0))
+    assert dispatch.requeue_unstarted(store) == ["claimed"]
+    assert [e.name for e in queued.waiting(store)] == ["claimed"]

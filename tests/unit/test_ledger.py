@@ -248,3 +248,20 @@ def test_by_month_cuts_at_month_starts_and_adds_up_exactly() -> None:
     assert ledger.by_month(T0 + 5.0, T0, -7) == [(T0 + 5.0, T0, -7)]  # a late-recorded end
     dec = float(calendar.timegm((2030, 12, 31, 12, 0, 0)))
     assert [p[2] for p in ledger.by_month(dec, dec + 86400.0, 100)] == [50, 50]  # into 2031
+
+
+def test_a_window_counts_the_part_of_a_row_after_its_start() -> None:
+    row = LedgerRow(job_id=1, job="j", user="u", team=None, gpu="cpu", devices=2,
+                    price_book="b", usd_per_hour=3.6, start=1000.0, end=2000.0,
+                    micro_usd=1_000_000, open=False)
+    assert ledger.in_window(row, None) == (1_000_000, 1000.0)
+    assert ledger.in_window(row, 500.0) == (1_000_000, 1000.0)  # all of it is inside
+    assert ledger.in_window(row, 1750.0) == (250_000, 250.0)  # its last quarter
+    assert ledger.in_window(row, 2500.0) == (0, 0.0)
+    other = LedgerRow(job_id=2, job="k", user="v", team=None, gpu="cpu", devices=1,
+                      price_book="b", usd_per_hour=1.0, start=1500.0, end=1800.0,
+                      micro_usd=333_333, open=False)
+    got = ledger.usage([row, other], "user", 1750.0)
+    assert got["micro_usd"] == 250_000 + round(333_333 * 50 / 300)
+    assert sum(g["micro_usd"] for g in got["groups"]) == got["micro_usd"]
+    assert got["gpu_hours"] == pytest.approx((2 * 250.0 + 50.0) / 3600.0)

@@ -176,3 +176,13 @@ def test_quota_is_checked_before_budget() -> None:
     limits = Limits(quotas={("t", "cpu"): 0}, budget_left={"t": 0.0})
     p, _ = decide([job("a")], limits)
     assert [(h.name, h.wait) for h in p.held] == [("a", Wait.QUOTA)]
+
+
+def test_a_job_that_may_cost_more_than_the_whole_budget_never_fits() -> None:
+    limits = Limits(budget_left={"t": 10.0}, budget_of={"t": 10.0})
+    costly = job("a", dur=3 * 3600.0, rate=4.0)  # up to $12 of a $10 budget
+    text = admit.never_fits(costly, limits)
+    assert text is not None and text.startswith("time_limit: ")
+    assert "$12.00" in text and "$10.00" in text
+    assert admit.never_fits(job("a", dur=3600.0, rate=4.0), limits) is None
+    assert admit.never_fits(job("a", rate=4.0), limits) is None  # no limit: not known

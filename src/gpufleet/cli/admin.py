@@ -10,6 +10,7 @@ import typer
 from gpufleet.cli.app import COMMAND, app, group, out, print_json, remote, store
 from gpufleet.cli.options import Json
 from gpufleet.errors import SpecError
+from gpufleet.server.seg import seg
 
 admin = group("Users, team quotas and budgets, the audit trail (admins).")
 user_group = group("Users and their tokens.")
@@ -74,7 +75,7 @@ def user_remove(name: Annotated[str, typer.Argument(help="User name.")]) -> None
     """Remove a user: their token stops working; their jobs and usage stay."""
     client = remote()
     if client is not None:
-        client.call("DELETE", f"/api/v1/admin/users/{name}")
+        client.call("DELETE", f"/api/v1/admin/users/{seg(name)}")
     else:
         from gpufleet.lifecycle import accounts
 
@@ -124,7 +125,7 @@ def budget_set(
 ) -> None:
     """The team's budget: jobs are held in the queue once it is spent."""
     try:
-        amount = None if usd == "none" else float(usd.lstrip("$"))
+        amount = None if usd == "none" else float(usd.lstrip("$").replace(",", ""))
     except ValueError:
         raise SpecError([("usd", f"'{usd}' is not an amount of dollars; use e.g. 500 or "
                           "'none'")]) from None
@@ -237,7 +238,7 @@ def usage(
             raise SpecError([("since", str(exc))]) from None
         st = store()
         ledger.accrue(st, time.time())
-        got = ledger.usage(ledger.rows(st, start), by)
+        got = ledger.usage(ledger.rows(st, start), by, start)
     if as_json:
         print_json(got)
         return

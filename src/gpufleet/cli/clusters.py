@@ -26,6 +26,7 @@ from gpufleet.cli.options import (
     Yes,
 )
 from gpufleet.errors import SpecError
+from gpufleet.server.seg import seg
 
 if TYPE_CHECKING:
     from gpufleet.lifecycle.runs import StopPlan
@@ -239,7 +240,7 @@ def stop(
             raise SpecError([("all", "with a server, stop jobs by name (gpufleet jobs lists "
                               "yours); --all stops this machine's own clusters after logout")])
         confirm(f"Stop job {name}?", yes)
-        got = client.call("POST", f"/api/v1/jobs/{name}/stop")
+        got = client.call("POST", f"/api/v1/jobs/{seg(name)}/stop")
         out.print(f"Job {name}: {got['status']}")
         return
     if all_ and not name and _nothing_running():

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import typer
 
 from gpufleet.cli.app import err, out
+from gpufleet.errors import ConflictError
+from gpufleet.server.seg import seg
 
 if TYPE_CHECKING:
     from gpufleet.server.client import Client
@@ -74,19 +76,19 @@ class RemoteSource:
         self.client = client
 
     def waiting(self, name: str) -> dict[str, Any] | None:
-        got = self.client.call("GET", f"/api/v1/jobs/{name}")
+        got = self.client.call("GET", f"/api/v1/jobs/{seg(name)}")
         return got if got.get("queued") else None
 
     def log(self, name: str, offset: int) -> dict[str, Any]:
-        got: dict[str, Any] = self.client.call("GET", f"/api/v1/jobs/{name}/logs",
+        got: dict[str, Any] = self.client.call("GET", f"/api/v1/jobs/{seg(name)}/logs",
                                                query={"offset": offset})
         return got
 
     def cancel(self, name: str) -> None:
-        self.client.call("POST", f"/api/v1/jobs/{name}/cancel")
+        self.client.call("POST", f"/api/v1/jobs/{seg(name)}/cancel")
 
     def stop(self, name: str) -> None:
-        self.client.call("POST", f"/api/v1/jobs/{name}/stop")
+        self.client.call("POST", f"/api/v1/jobs/{seg(name)}/stop")
 
 
 def when(t: float | None, now: float) -> str:
@@ -109,6 +111,16 @@ def queue_line(row: dict[str, Any], now: float) -> str:
     return f"queued: position {pos}, estimated start {when(row.get('est_start'), now)}; {reason}"
 
 
+def _until_started(source: Source, name: str, timeout_s: float = 60.0) -> None:
+    """Wait for a job the queue just claimed to get its record (it is being started)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = source.waiting(name)
+        if row is None or row["status"] not in ("queued", "started"):
+            return
+        time.sleep(0.2)
+
+
 def wait_and_follow(source: Source, name: str) -> None:
     """Until the job ends; exits 0 if it succeeded, 1 if not, 130 after Ctrl-C (which cancels
     a job still queued and stops one that runs)."""
@@ -119,6 +131,9 @@ def wait_and_follow(source: Source, name: str) -> None:
             row = source.waiting(name)
             if row is None:
                 break
+            if row["status"] == "started":  # claimed by the queue, its record a moment away
+                time.sleep(POLL_S)
+                continue
             if row["status"] != "queued":
                 err.print(f"Job {name} left the queue: {row['status']}"
                           + (f" ({row['reason']})" if row.get("reason") else ""),
@@ -143,12 +158,15 @@ def wait_and_follow(source: Source, name: str) -> None:
             if not last["more"]:
                 time.sleep(POLL_S)
     except KeyboardInterrupt:
-        if started:
-            source.stop(name)
-            err.print(f"Stopped job {name}.", highlight=False)
-        else:
-            source.cancel(name)
-            err.print(f"Cancelled job {name} (it was still queued).", highlight=False)
+        if not started:
+            try:
+                source.cancel(name)
+                err.print(f"Cancelled job {name} (it was still queued).", highlight=False)
+                raise typer.Exit(130) from None
+            except ConflictError:  # the queue started it at that moment: stop it instead
+                _until_started(source, name)
+        source.stop(name)
+        err.print(f"Stopped job {name}.", highlight=False)
         raise typer.Exit(130) from None
     status = last.get("status")
     err.print(f"Job {name}: {status}" + (f" ({last['reason']})" if last.get("reason") else ""),

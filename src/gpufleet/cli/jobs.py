@@ -43,6 +43,7 @@ from gpufleet.cli.options import (
 from gpufleet.cli.queue import print_queued, queue_row, queued_first, remote_logs
 from gpufleet.cli.supervising import hand_over, print_dry_run, script_notes, warned_first
 from gpufleet.errors import SpecError
+from gpufleet.server.seg import seg
 
 if TYPE_CHECKING:
     from gpufleet.store import Store
@@ -134,6 +135,10 @@ def run(
         if named or ctx.args:
             raise SpecError([("resume", f"--resume continues a job as it was defined; drop "
                               f"{', '.join(named) or 'the script arguments'}")])
+        if remote() is not None:
+            raise SpecError([("resume", "--resume works on this machine's own state; through "
+                              "a server it is not available yet (gpufleet logout, on the "
+                              "server's host, to resume there)")])
         st = store()
         job, on = submit.resume(st, resume, approve_quote(yes), cpu_slots)
         hand_over(st, job, on, detach, cpu_slots)
@@ -249,7 +254,7 @@ def status(
     st: Store | None = None
     detail = ended_job_detail(state_path(), job, time.time()) if client is None else None
     if client is not None:
-        detail = client.call("GET", f"/api/v1/jobs/{job}")
+        detail = client.call("GET", f"/api/v1/jobs/{seg(job)}")
     if detail is None:
         from gpufleet.views import job_detail
 
@@ -275,7 +280,7 @@ def status(
 
     def fresh() -> dict[str, Any]:
         if client is not None:
-            got: dict[str, Any] = client.call("GET", f"/api/v1/jobs/{job}")
+            got: dict[str, Any] = client.call("GET", f"/api/v1/jobs/{seg(job)}")
             return got
         return job_detail(st or store(), job, time.time())
 

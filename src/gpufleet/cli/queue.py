@@ -10,6 +10,7 @@ import typer
 
 from gpufleet.cli.app import COMMAND, app, err, out, print_json, remote, store
 from gpufleet.cli.options import Json
+from gpufleet.server.seg import seg
 
 if TYPE_CHECKING:
     from gpufleet.server.client import Client
@@ -97,7 +98,7 @@ def cancel(job: Annotated[str, typer.Argument(help="A queued job.")]) -> None:
     """Take a queued job out of the queue (a running one is stopped with gpufleet stop)."""
     client = remote()
     if client is not None:
-        client.call("POST", f"/api/v1/jobs/{job}/cancel")
+        client.call("POST", f"/api/v1/jobs/{seg(job)}/cancel")
     else:
         from gpufleet.lifecycle import accounts, queued
 
@@ -122,7 +123,10 @@ def print_queued(row: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(row)
         return
-    if row["status"] == "queued":
+    if row["status"] == "started":
+        out.print(f"Job {row['name']} is starting: the queue gave it its devices a moment ago.",
+                  markup=False, highlight=False)
+    elif row["status"] == "queued":
         out.print(f"Job {row['name']} ({row['count']} x {row['gpu']}, user {row['user']}) is "
                   f"{queue_line(row, time.time())}", markup=False, highlight=False,
                   soft_wrap=True)
@@ -141,18 +145,19 @@ def queued_first(st: Store, name: str, follow: bool) -> None:
     e = queued.entry(st, name)
     if e is None:
         return  # jobs.get then says which jobs there are
-    if e.status != "queued":
+    if e.status not in ("queued", "started"):  # started: its record is a moment away
         raise ConflictError(f"logs: job '{name}' left the queue without starting ({e.status}"
                             f"{': ' + e.reason if e.reason else ''}); it has no log")
     from gpufleet.cli.app import err
 
-    err.print(f"Job {name} is {queue_line(listing.queued_row(e), time.time())}; its log "
-              "starts when it runs.", markup=False, highlight=False, soft_wrap=True)
+    now = "starting" if e.status == "started" else queue_line(listing.queued_row(e), time.time())
+    err.print(f"Job {name} is {now}; its log starts when it runs.", markup=False,
+              highlight=False, soft_wrap=True)
     if not follow:
         raise typer.Exit(0)
     while jobs.get_or_none(st, name) is None:
         e = queued.entry(st, name)
-        if e is None or e.status != "queued":
+        if e is None or e.status not in ("queued", "started"):
             raise ConflictError(f"logs: job '{name}' left the queue without starting")
         time.sleep(0.5)
 
@@ -160,7 +165,7 @@ def queued_first(st: Store, name: str, follow: bool) -> None:
 def remote_logs(client: Client, name: str, follow: bool, rank: int | None) -> None:
     offset = 0
     while True:
-        got = client.call("GET", f"/api/v1/jobs/{name}/logs",
+        got = client.call("GET", f"/api/v1/jobs/{seg(name)}/logs",
                           query={"offset": offset, "rank": rank})
         sys.stdout.write(got["text"])
         sys.stdout.flush()

@@ -23,6 +23,8 @@ from gpufleet.errors import ConflictError, ForbiddenError, NotFoundError, SpecEr
 from gpufleet.spec import check_name
 from gpufleet.store import AuditEvent, Budget, Quota, Store, Team, User
 
+MAX_QUOTA = 1_000_000  # devices; anything above is a typo
+MAX_BUDGET_USD = 1e12
 _MONTH = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
 
 
@@ -70,11 +72,12 @@ def require_admin(who: Identity, what: str) -> None:
 
 
 def may_act_on(who: Identity, owner: str | None, what: str) -> None:
-    """Users act on their own jobs; admins on everyone's."""
+    """Users act on their own jobs; admins on everyone's. The refusal does not say whose it
+    is: one user does not learn another's name from it."""
     if who.admin or owner == who.user:
         return
-    raise ForbiddenError(f"{what}: it belongs to {owner or 'nobody known'}; only they or an "
-                         "admin may do that")
+    raise ForbiddenError(f"{what}: it is not yours ({who.user}); only its owner or an admin "
+                         "may do that")
 
 
 def audit(s: Session, who: Identity | str, action: str, subject: str = "", detail: str = "",
@@ -141,8 +144,9 @@ def users(store: Store) -> list[dict[str, Any]]:
 def set_quota(store: Store, who: Identity, team: str, gpu: str, devices: int | None) -> None:
     """At most `devices` of `gpu` at once for the team's jobs; None removes the cap."""
     require_admin(who, "admin quota set")
-    if devices is not None and devices < 0:
-        raise SpecError([("devices", f"a quota is a number of devices, 0 or more, not {devices}")])
+    if devices is not None and not 0 <= devices <= MAX_QUOTA:
+        raise SpecError([("devices", f"a quota is a number of devices from 0 to {MAX_QUOTA}, "
+                          f"not {devices}")])
     gpu = catalog.resolve_gpu(gpu).name
     with store.session() as s:
         _team_row(s, team, create=False)
@@ -175,8 +179,9 @@ def set_budget(store: Store, who: Identity, team: str, usd: float | None,
                month: str | None, now: float) -> None:
     """The team's budget for `month` (None: every month without its own); `usd` None removes."""
     require_admin(who, "admin budget set")
-    if usd is not None and not usd >= 0:
-        raise SpecError([("usd", f"a budget is dollars, 0 or more, not {usd}")])
+    if usd is not None and not 0 <= usd <= MAX_BUDGET_USD:  # also refuses nan and inf
+        raise SpecError([("usd", f"a budget is dollars from 0 to {MAX_BUDGET_USD:,.0f}, not "
+                          f"{usd}")])
     key = "*" if month is None else check_month(month, now)
     with store.session() as s:
         _team_row(s, team, create=False)

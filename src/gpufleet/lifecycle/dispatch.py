@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select, update
 
-from gpufleet.errors import AllocationError, ConflictError, GpufleetError
+from gpufleet.errors import AllocationError, ConflictError, GpufleetError, LimitError
 from gpufleet.lifecycle import accounts, jobs, pools, reconcile, runs, submit
 from gpufleet.lifecycle.queued import limits_now, waiting_of
 from gpufleet.lifecycle.status import JobStatus, QueueStatus
 from gpufleet.pool.allocate import Allocator
+from gpufleet.sched import admit
 from gpufleet.sched import plan as scheduler
 from gpufleet.sched.model import Plan, Resource, Running, Waiting
 from gpufleet.sched.order import HALF_LIFE_S, Use, recent_gpu_hours
@@ -138,9 +139,14 @@ def dispatch(store: Store, now: float | None = None) -> Pass:
     for e in entries.values():
         if (e.pool, e.gpu) not in free:
             free[(e.pool, e.gpu)] = inv.free(e.pool, e.gpu, e.cpu_slots)
+    limits = limits_now(store, now)
+    for e in list(entries.values()):  # a limit lowered under it since it was queued
+        never = admit.never_fits(waiting_of(e), limits)
+        if never:
+            _refuse(store, e, f"it can no longer start: {never.split(': ', 1)[1]}", now)
+            del entries[e.name]
     decided = scheduler.plan([waiting_of(e) for e in entries.values()], running_now(store), free,
-                             _fits(inv, specs), limits_now(store, now), recent_use(store, now),
-                             now)
+                             _fits(inv, specs), limits, recent_use(store, now), now)
     done = Pass(decided)
     for start in decided.starts:
         e = entries[start.name]
@@ -184,9 +190,6 @@ def _start(store: Store, e: QueuedJob, spec: JobSpec, backfilled: bool,
                                owner=(e.user, e.team), from_queue=True)
         assert isinstance(result, tuple)
         job, _cluster = result
-        jobs.add_event(store, job.id, "queued",
-                       f"submitted by {e.user}; waited {now - e.submitted_at:.0f}s in the queue"
-                       + (", then backfilled" if backfilled else ""), t=e.submitted_at)
     except (AllocationError, ConflictError) as exc:
         if _busy_error(exc):
             _requeue(store, e.id)
@@ -194,11 +197,19 @@ def _start(store: Store, e: QueuedJob, spec: JobSpec, backfilled: bool,
         return _refuse(store, e, str(exc), now)
     except GpufleetError as exc:
         return _refuse(store, e, str(exc), now)
+    except Exception:  # not the job's fault (the store, the file system): try again later
+        if jobs.get_or_none(store, e.name) is None:
+            _requeue(store, e.id)
+        raise
     try:
+        jobs.add_event(store, job.id, "queued",
+                       f"submitted by {e.user}; waited {now - e.submitted_at:.0f}s in the queue"
+                       + (", then backfilled" if backfilled else ""), t=e.submitted_at)
         runs.start_detached(store, job, e.cpu_slots,
                             None if e.env_json is None else json.loads(e.env_json))
-    except OSError as exc:  # no supervisor: the job ends here, or it holds its devices forever
+    except Exception as exc:  # no supervisor: the job ends here, or it holds its devices forever
         return _not_started(store, e, job, f"its supervisor could not start: {exc}", now)
+    _forget_env(store, e.id)
     with store.session() as s:
         waited = now - e.submitted_at
         accounts.audit(s, "gpufleet", "start", e.name,
@@ -219,7 +230,28 @@ def _not_started(store: Store, e: QueuedJob, job: Job, why: str, now: float) -> 
 
 
 def _busy_error(exc: GpufleetError) -> bool:
-    return isinstance(exc, AllocationError) or "is busy with job" in str(exc)
+    """Lost a race for what the plan saw free (devices, a cluster, the team's quota): the job
+    waits for the next pass."""
+    return isinstance(exc, AllocationError | LimitError) or "is busy with job" in str(exc)
+
+
+def _forget_env(store: Store, entry_id: int) -> None:
+    """The submitter's environment is kept only until the job starts (or leaves the queue)."""
+    with store.session() as s:
+        s.execute(update(QueuedJob).where(QueuedJob.id == entry_id).values(env_json=None))
+
+
+def requeue_unstarted(store: Store) -> list[str]:
+    """Entries claimed by a server that died before it made their job record: queued again
+    (called when a server starts, before its first pass)."""
+    with store.session() as s:
+        claimed = list(s.scalars(select(QueuedJob).where(QueuedJob.status == QueueStatus.STARTED)))
+        names = {n for (n,) in s.execute(select(Job.name).where(
+            Job.name.in_([e.name for e in claimed])))}
+        back = [e for e in claimed if e.name not in names]
+        for e in back:
+            e.status, e.left_at, e.reason = QueueStatus.QUEUED, None, None
+    return [e.name for e in back]
 
 
 def _requeue(store: Store, entry_id: int) -> None:
@@ -231,7 +263,7 @@ def _requeue(store: Store, entry_id: int) -> None:
 def _refuse(store: Store, e: QueuedJob, why: str, now: float) -> str:
     with store.session() as s:
         s.execute(update(QueuedJob).where(QueuedJob.id == e.id)
-                  .values(status=QueueStatus.REFUSED, reason=why, left_at=now))
+                  .values(status=QueueStatus.REFUSED, reason=why, left_at=now, env_json=None))
         accounts.audit(s, "gpufleet", "refuse", e.name, why, now)
     return why
 

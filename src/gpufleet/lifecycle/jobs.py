@@ -7,10 +7,10 @@ import secrets
 import time
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpufleet.errors import ConflictError, NotFoundError, SpecError
+from gpufleet.errors import ConflictError, LimitError, NotFoundError, SpecError
 from gpufleet.lifecycle import owners
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, JobStatus
 from gpufleet.spec import JobSpec, check_name
@@ -56,6 +56,23 @@ def _check_cluster_free(s: Session, cluster: Cluster) -> None:
                             f"for it, stop it (gpufleet stop {busy.name}) or use another cluster")
 
 
+def _check_quota(s: Session, team: str, cluster: Cluster) -> None:
+    """The team's quota, checked again in the transaction that records the job: two starts
+    that each saw room for one job (the API's threads, the server's loop, two CLIs) cannot
+    both take it. Writers serialize, so what this reads is what is committed."""
+    from gpufleet.store import Quota
+
+    cap = s.scalar(select(Quota.devices).where(Quota.team == team, Quota.gpu == cluster.gpu))
+    if cap is None:
+        return
+    held = s.scalar(select(func.coalesce(func.sum(Cluster.count), 0))
+                    .join(Job, Job.cluster_id == Cluster.id)
+                    .where(Job.team == team, Job.status.in_(ACTIVE), Cluster.gpu == cluster.gpu))
+    if int(held or 0) + cluster.count > cap:
+        raise LimitError(f"limits: team {team}'s quota is {cap} x {cluster.gpu} at once and "
+                         f"{held} are in use")
+
+
 def check_cluster_free(store: Store, cluster: Cluster) -> None:
     """Refuse a cluster another job is running on (checked again, atomically, by `create`)."""
     with store.read() as s:
@@ -76,6 +93,8 @@ def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int,
         if s.scalar(select(Job).where(Job.name == name)) is not None:
             raise ConflictError(f"name: a job named '{name}' already exists; pick another name")
         _check_cluster_free(s, cluster)
+        if team is not None:
+            _check_quota(s, team, cluster)
         creator = owners.me()  # until the caller records the supervisor's pid
         job = Job(name=name, cluster_id=cluster.id, status=JobStatus.STARTING,
                   spec_json=spec.model_dump_json(), job_dir=str(job_dir),

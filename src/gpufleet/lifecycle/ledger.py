@@ -152,20 +152,34 @@ def rows(store: Store, since: float | None = None, user: str | None = None,
         return list(s.scalars(q))
 
 
-def usage(found: Iterable[LedgerRow], by: str) -> dict[str, Any]:
-    """Rows summed per user, team, GPU type or job: dollars, GPU-hours, jobs; and the total.
-    Sums are of whole micro-dollars, so the groups add up to the total exactly."""
+def in_window(r: LedgerRow, since: float | None) -> tuple[int, float]:
+    """The row's micro-dollars and seconds from `since` on: a row that began before it counts
+    for its part after it (pro rata: one row is one rate), in whole micro-dollars."""
+    span = max(0.0, r.end - r.start)
+    if since is None or r.start >= since:
+        return r.micro_usd, span
+    inside = max(0.0, r.end - since)
+    if span <= 0 or inside <= 0:
+        return 0, 0.0
+    return round(r.micro_usd * inside / span), inside
+
+
+def usage(found: Iterable[LedgerRow], by: str, since: float | None = None) -> dict[str, Any]:
+    """Rows summed per user, team, GPU type or job: dollars, GPU-hours, jobs; and the total,
+    counting from `since` (None: whole rows). Sums are of whole micro-dollars, so the groups
+    add up to the total exactly."""
     groups: dict[str, dict[str, Any]] = {}
     total = 0
     hours = 0.0
     for r in found:
+        micro_usd, seconds = in_window(r, since)
         key = str(getattr(r, by) or "-")
         g = groups.setdefault(key, {by: key, "micro_usd": 0, "gpu_hours": 0.0, "jobs": set()})
-        g["micro_usd"] += r.micro_usd
-        h = r.devices * max(0.0, r.end - r.start) / 3600.0
+        g["micro_usd"] += micro_usd
+        h = r.devices * seconds / 3600.0
         g["gpu_hours"] += h
         g["jobs"].add(r.job)
-        total += r.micro_usd
+        total += micro_usd
         hours += h
     out = []
     for g in sorted(groups.values(), key=lambda g: (-g["micro_usd"], g[by])):

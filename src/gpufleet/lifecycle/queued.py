@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select, update
 
-from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
+from gpufleet.errors import AllocationError, ConflictError, LimitError, NotFoundError, SpecError
 from gpufleet.lifecycle import accounts, clusters, jobs, pools, submit, teams
 from gpufleet.lifecycle.accounts import Identity
 from gpufleet.lifecycle.provision import Approve, Offer
@@ -175,7 +175,8 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
                 need.count, need.cluster, need.time_limit_s, need.usd_per_hour)
     never = admit.never_fits(w, limits)
     if never:
-        raise SpecError([("count", never.split(": ", 1)[1])])
+        field, why = never.split(": ", 1)
+        raise SpecError([(field, why)])
     in_use = teams.in_use(store)
     ahead = _contending(store, need, in_use, limits)
     held = admit.quota_problem(w, in_use, limits) or \
@@ -192,6 +193,8 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
         try:
             return _started(submit.submit(store, spec, approve, cpu_slots,
                                           owner=(who.user, who.team)), who, now, store)
+        except LimitError:
+            pass  # another start of the team took its quota a moment ago: wait for it
         except (AllocationError, ConflictError):
             if not _busy(store, spec, cpu_slots):
                 raise  # refused for a reason other than devices taken a moment ago
@@ -236,7 +239,7 @@ def cancel(store: Store, name: str, who: Identity, now: float | None = None) -> 
         done = s.execute(update(QueuedJob).where(QueuedJob.id == e.id,
                                                  QueuedJob.status == QueueStatus.QUEUED)
                          .values(status=QueueStatus.CANCELLED, left_at=now,
-                                 reason=f"cancelled by {who.user}"))
+                                 reason=f"cancelled by {who.user}", env_json=None))
         if getattr(done, "rowcount", 1) == 0:
             raise ConflictError(f"cancel: job '{name}' left the queue a moment ago "
                                 f"(gpufleet jobs --all)")

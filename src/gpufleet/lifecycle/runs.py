@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,19 +52,22 @@ def start_detached(store: Store, job: Job, cpu_slots: int | None = None,
             [sys.executable, "-m", "gpufleet.supervise.supervisor", job.name], env=env,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    _children.append(proc)
+    with _children_lock:
+        _children.append(proc)
     jobs.set_supervisor(store, job.id, proc.pid)
     return proc.pid
 
 
 _children: list[subprocess.Popen[bytes]] = []  # supervisors this process started
+_children_lock = threading.Lock()  # the server starts them from request threads and its loop
 
 
 def reap() -> int:
     """Collect the exit of every supervisor this process started that has ended (a long-lived
     process, the server, would otherwise keep them as zombies); how many still run."""
-    _children[:] = [p for p in _children if p.poll() is None]
-    return len(_children)
+    with _children_lock:
+        _children[:] = [p for p in _children if p.poll() is None]
+        return len(_children)
 
 
 def supervise_here(store: Store, job: Job, cluster: Cluster, cpu_slots: int | None = None,

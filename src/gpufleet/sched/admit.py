@@ -16,8 +16,9 @@ def _usd(value: float) -> str:
 
 
 def never_fits(w: Waiting, limits: Limits) -> str | None:
-    """A job its team's quota can never admit (it asks for more than the quota), refused at
-    submission rather than queued forever."""
+    """"FIELD: why" for a job its team's limits can never admit: it asks for more than the
+    quota, or may cost more over its time limit than the whole monthly budget. Refused at
+    submission, and when an admin lowers a limit under a queued job, rather than kept forever."""
     if w.team is None:
         return None
     cap = limits.quotas.get((w.team, w.resource[1]))
@@ -25,6 +26,13 @@ def never_fits(w: Waiting, limits: Limits) -> str | None:
         return (f"count: the job needs {w.count} x {w.resource[1]} but team {w.team}'s quota is "
                 f"{cap} at once; ask an admin to raise it (gpufleet admin quota set {w.team} "
                 f"{w.resource[1]} N)")
+    budget = limits.budget_of.get(w.team)
+    if budget is not None and w.duration_s is not None and w.usd_per_hour > 0:
+        cost = w.usd_per_hour * w.duration_s / 3600.0
+        if cost > budget:
+            return (f"time_limit: the job may cost up to {_usd(cost)} over its time limit, more "
+                    f"than team {w.team}'s whole monthly budget ({_usd(budget)}); give a "
+                    "shorter --time-limit or ask an admin to raise the budget")
     return None
 
 

@@ -70,7 +70,7 @@ class UserIn(BaseModel):
 class QuotaIn(BaseModel):
     team: str
     gpu: str
-    devices: int | None
+    devices: int | None = Field(..., ge=0, le=1_000_000)
 
 
 class BudgetIn(BaseModel):
@@ -114,8 +114,14 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
                              "kind": "SpecError"}, status_code=400)
 
     def who(request: Request) -> Identity:
-        token = auth.presented(request.headers.get("authorization"),
-                               request.cookies.get(auth.COOKIE), None)
+        header = request.headers.get("authorization")
+        token = auth.presented(header, request.cookies.get(auth.COOKIE), None)
+        if not (header or "").lower().startswith("bearer ") and \
+                request.method not in ("GET", "HEAD"):
+            # The cookie only reads: a page on another port or subdomain of this site could
+            # post a form with it (SameSite is per site), so every change needs the header.
+            raise NoToken("token: a change needs the token as 'Authorization: Bearer TOKEN' "
+                          "(the dashboard's cookie only reads)")
         if owner_token is not None and token is not None and \
                 secrets.compare_digest(owner_token.encode(), token.encode()):
             return accounts.local_identity(store)
@@ -125,6 +131,12 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
                           "--token-file FILE; an admin makes one with gpufleet admin user add)"
                           if token is None else "token: no user has this token")
         return found
+
+    def _owner_call(request: Request) -> bool:
+        header = request.headers.get("authorization") or ""
+        given = header[7:].strip() if header.lower().startswith("bearer ") else ""
+        return owner_token is not None and bool(given) and \
+            secrets.compare_digest(owner_token.encode(), given.encode())
 
     def woke() -> None:
         if loop is not None:
@@ -157,12 +169,14 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
     def submit_job(body: JobIn, request: Request) -> dict[str, Any]:
         me = who(request)
         spec = parse_job(store, body.spec)
-        result = queued.run_or_queue(store, spec, me, lambda _offer: None, body.cpu_slots,
+        # CPU slots are this host's to say: only its owner's CLI (the local server) may
+        slots = body.cpu_slots if _owner_call(request) else None
+        result = queued.run_or_queue(store, spec, me, lambda _offer: None, slots,
                                      queue=body.queue)
         if isinstance(result, tuple):
             job, cluster = result
             try:
-                runs.start_detached(store, job, body.cpu_slots)
+                runs.start_detached(store, job, slots)
             except OSError as exc:  # nothing runs it: end it here, or it holds its devices
                 why = f"its supervisor could not start: {exc}"
                 jobs.transition(store, job.id, JobStatus.FAILED, why,
@@ -203,6 +217,17 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
         woke()
         return listing.queued_row(e)
 
+    def _started_record(name: str) -> Any:
+        """The job's record; for one the queue claimed a moment ago, once it exists."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            found = jobs.get_or_none(store, name)
+            e = queued.entry(store, name)
+            if found is not None or e is None or e.status != "started":
+                break
+            time.sleep(0.2)
+        return jobs.get(store, name)
+
     @app.post("/api/v1/jobs/{name}/stop")
     def stop(name: str, request: Request) -> dict[str, Any]:
         me = who(request)
@@ -211,7 +236,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
             gone = queued.cancel(store, name, me)
             woke()
             return {"name": name, "status": gone.status, "reason": gone.reason}
-        j = jobs.get(store, name)
+        j = _started_record(name)
         accounts.may_act_on(me, j.user, f"stop {name}")
         with store.session() as s:
             accounts.audit(s, me, "stop", name)
@@ -259,7 +284,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
                 raise ForbiddenError("usage: only an admin may see other users' or teams' usage")
             user = me.user
         ledger.accrue(store, time.time())
-        return ledger.usage(ledger.rows(store, start, user, team), by)
+        return ledger.usage(ledger.rows(store, start, user, team), by, start)
 
     @app.post("/api/v1/admin/users")
     def add_user(body: UserIn, request: Request) -> dict[str, Any]:

@@ -41,7 +41,8 @@ def team_rows(store: Store, me: Identity, since: float) -> list[LedgerRow]:
     return [] if me.team is None else ledger.rows(store, since, team=me.team)
 
 
-def by_user_and_team(found: Iterable[LedgerRow]) -> list[dict[str, Any]]:
+def by_user_and_team(found: Iterable[LedgerRow], since: float | None = None
+                     ) -> list[dict[str, Any]]:
     """`ledger.usage` of each (user, team) pair's rows: what the metrics label both with. The
     pairs of one user add up to that user's `usage(..., "user")` group, to the micro-dollar."""
     pairs: dict[tuple[str, str], list[LedgerRow]] = {}
@@ -49,7 +50,7 @@ def by_user_and_team(found: Iterable[LedgerRow]) -> list[dict[str, Any]]:
         pairs.setdefault((r.user or "-", r.team or "-"), []).append(r)
     out = []
     for (user, team), rows in sorted(pairs.items()):
-        got = ledger.usage(rows, "user")
+        got = ledger.usage(rows, "user", since)
         out.append({"user": user, "team": team, "usd": got["usd"],
                     "micro_usd": got["micro_usd"], "gpu_hours": got["gpu_hours"]})
     return out
@@ -63,7 +64,7 @@ def usage_summary(store: Store, me: Identity, now: float) -> dict[str, Any]:
     for w in WINDOWS:
         since = window_start(w, now)
         windows.append({"window": w, "since": since,
-                        "users": ledger.usage(user_rows(store, me, since), "user"),
-                        "teams": ledger.usage(team_rows(store, me, since), "team")})
+                        "users": ledger.usage(user_rows(store, me, since), "user", since),
+                        "teams": ledger.usage(team_rows(store, me, since), "team", since)})
     return {"now": now, "month": accounts.current_month(now), "windows": windows,
             "teams": [teams.team_view(store, t, now) for t in visible_teams(store, me)]}

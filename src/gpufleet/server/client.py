@@ -31,6 +31,9 @@ _KINDS: dict[str, type[errors.GpufleetError]] = {
 class Client:
     def __init__(self, url: str, token: str | None, timeout_s: float = TIMEOUT_S):
         self.url = url.rstrip("/")
+        if token is not None and not (token.isascii() and token.isprintable()):
+            raise errors.SpecError([("token", "a token is one line of printable ASCII; check "
+                                     "the token file or $GPUFLEET_TOKEN")])
         self.token = token
         self.timeout_s = timeout_s
         self._checked = False
@@ -42,7 +45,11 @@ class Client:
         q = {k: v for k, v in (query or {}).items() if v is not None}
         url = self.url + path + (f"?{urllib.parse.urlencode(q)}" if q else "")
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(url, data=data, method=method)
+        try:
+            req = urllib.request.Request(url, data=data, method=method)
+        except ValueError as exc:  # a URL urllib cannot read (http://[::1, no scheme)
+            raise errors.ServerError(f"server: '{errors.excerpt(self.url)}' is not a server "
+                                     f"URL ({exc}); use http://HOST:PORT") from None
         req.add_header("Accept", "application/json")
         if data is not None:
             req.add_header("Content-Type", "application/json")

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpufleet.errors import ServerError
 from gpufleet.lifecycle import owners
-from gpufleet.server.serve import INFO_FILE
+from gpufleet.server.serve import INFO_FILE, LOCK_FILE
 
 START_TIMEOUT_S = 60.0
 
@@ -35,7 +35,7 @@ def running(home: Path) -> dict[str, Any] | None:
 
 def ensure(home: Path, cpu_slots: int | None = None) -> dict[str, Any]:
     """The running local server, started first if there is none."""
-    with open(home / "server.lock", "a+") as lock:
+    with open(home / LOCK_FILE, "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         info = running(home)
         if info is not None:

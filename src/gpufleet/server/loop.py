@@ -24,6 +24,7 @@ from gpufleet.store import Job, QueuedJob, Store
 
 BEAT_S = 1.0
 LEDGER_EVERY_S = 5.0
+BROKEN_AFTER = 30  # failed beats in a row after which a local server gives up
 
 
 @dataclass
@@ -42,10 +43,13 @@ class Loop:
     been queued or running for that long (a local server's exit)."""
 
     def __init__(self, store: Store, idle_exit_s: float | None = None,
-                 on_idle: Callable[[], None] | None = None):
+                 on_idle: Callable[[bool], bool] | None = None):
         self.store = store
         self.idle_exit_s = idle_exit_s
+        # on_idle(broken): end the server if it may (nothing arrived meanwhile, or `broken`);
+        # True when it is ending, so the loop ends too
         self.on_idle = on_idle
+        self.failures = 0  # beats in a row that failed
         self.last = Beat()
         self.busy_at = time.time()
         self._wake = threading.Event()
@@ -86,11 +90,18 @@ class Loop:
                 b.active = len(s.scalars(select(Job.id).where(Job.status.in_(jobs.ACTIVE))).all())
         except Exception as exc:  # one bad beat must not end the server; the next one retries
             b.error = f"{type(exc).__name__}: {exc}"
-            traceback.print_exc(file=sys.stderr)
+            if b.error != self.last.error:  # the same failure every second is told once
+                traceback.print_exc(file=sys.stderr)
+        self.failures = self.failures + 1 if b.error else 0
         self.last = b
-        if b.queued or b.active or b.error:
+        if b.queued or b.active:
             self.busy_at = now
-        elif self.idle_exit_s is not None and now - self.busy_at >= self.idle_exit_s \
-                and self.on_idle is not None:
-            self.on_idle()
+        if self.idle_exit_s is None or self.on_idle is None:
+            return b
+        # a local server ends when idle, or when it cannot work at all (its state folder gone):
+        # the next command that needs one starts a new one, which says why if it cannot either
+        broken = self.failures >= BROKEN_AFTER
+        idle = not b.error and now - self.busy_at >= self.idle_exit_s
+        if (broken or idle) and self.on_idle(broken):
+            self._stop.set()
         return b

@@ -45,7 +45,7 @@ class TeamCollector(Collector):
                                        labels=pair)
         for w, usd, hours in (("month", month_usd, month_hours), ("30d", days_usd, days_hours)):
             since = board.window_start(w, now)
-            for g in board.by_user_and_team(board.user_rows(self.store, self.me, since)):
+            for g in board.by_user_and_team(board.user_rows(self.store, self.me, since), since):
                 usd.add_metric([g["user"], g["team"]], g["usd"])
                 hours.add_metric([g["user"], g["team"]], g["gpu_hours"])
         yield from (month_usd, month_hours, days_usd, days_hours)

@@ -4,10 +4,11 @@ and `/metrics`.
 
 Signing in sends the token once (POST /api/v1/session); the answer is an HTTP-only,
 SameSite=Strict cookie holding it, which `api.py`'s `who` reads like a bearer token, so the
-page never keeps the token where its scripts (or anyone else's) could read it. Strict keeps
-other sites' pages from making a signed-in browser act (each call also needs JSON, which a
-plain cross-site form cannot send). Without a valid cookie or bearer, `/` is the sign-in form
-and every other route answers 401.
+page never keeps the token where its scripts (or anyone else's) could read it. The cookie
+only reads (`who` takes it for GET and HEAD alone): SameSite is per site, so a page on another
+port or subdomain could post a form with it, and no change goes through without the bearer
+header. Without a valid cookie or bearer, `/` is the sign-in form and every other route
+answers 401.
 
 A user sees their own jobs (and the clusters those ran on), their own usage and their team;
 an admin sees everyone's. The page's code (`/static`) is public: it holds no data.

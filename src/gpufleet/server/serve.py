@@ -9,21 +9,26 @@ while.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import select
 
-from gpufleet.errors import SpecError
+from gpufleet.errors import SpecError, StateError
 from gpufleet.lifecycle import accounts, owners
 from gpufleet.server.loop import Loop
 from gpufleet.store import Store, User
 
 INFO_FILE = "server.json"
+LOCK_FILE = "server.lock"  # taken to start a local server, or to end one
+RUN_LOCK_FILE = "server.run.lock"  # held by the one server of this state folder
+SERVER_LOCK_KEY = 0x67707573  # the PostgreSQL advisory lock of the one server of a database
 LOCAL_IDLE_S = 60.0
 
 
@@ -79,27 +84,41 @@ def serve(store: Store, home: Path, host: str, port: int, local: bool,
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}"
-    owner_token = secrets.token_urlsafe(32) if local else None
+    guard = only_server(store, home)
+    owner_token = secrets.token_urlsafe(32)  # for this OS user's own CLI (server.json, 0600)
     server: uvicorn.Server | None = None
+    info = home / INFO_FILE
 
-    def idle() -> None:
+    def idle(broken: bool) -> bool:
+        """End a local server, unless a job was queued since the loop looked: under the lock
+        `local.ensure` takes, so a CLI either sees this server gone or sees it take its job."""
+        with open(home / LOCK_FILE, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not broken and _busy(store):
+                return False
+            _forget(info)
         if server is not None:
             server.should_exit = True
+        return True
 
     loop = Loop(store, idle_exit_s if local else None, on_idle=idle)
     app = create_api(store, loop, owner_token)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    info = home / INFO_FILE
-    if local:
-        me = owners.me()
-        _write_private(info, json.dumps({"url": url, "pid": me.pid, "started": me.started,
-                                         "token": owner_token}))
-    else:
+    me = owners.me()
+    _write_private(info, json.dumps({"url": url, "pid": me.pid, "started": me.started,
+                                     "token": owner_token, "local": local}))
+    if not local:
         said = first_admin(store, admin_token_file or home / "admin-token")
         if said:
             print(f"gpufleet server: {said}", file=sys.stderr, flush=True)
-    print(f"gpufleet server on {url} (api v1; store {store.url.split('@')[-1]})",
+    print(f"gpufleet server on {url} (api v1; store {_shown(store)})",
           file=sys.stderr, flush=True)
+    from gpufleet.lifecycle import dispatch
+
+    back = dispatch.requeue_unstarted(store)
+    if back:
+        print(f"gpufleet server: queued again (a server ended while starting them): "
+              f"{', '.join(back)}", file=sys.stderr, flush=True)
     loop.start()
     try:
         server.run(sockets=[sock])
@@ -107,9 +126,78 @@ def serve(store: Store, home: Path, host: str, port: int, local: bool,
         pass
     finally:
         loop.stop()
-        if local:
-            try:
-                if json.loads(info.read_text()).get("pid") == os.getpid():
-                    info.unlink()
-            except (OSError, ValueError):
-                pass
+        _forget(info)
+        guard.close()
+
+
+def _forget(info: Path) -> None:
+    """Remove server.json if it is this server's."""
+    try:
+        if json.loads(info.read_text()).get("pid") == os.getpid():
+            info.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def _busy(store: Store) -> bool:
+    from gpufleet.lifecycle.status import JOB_ACTIVE, QueueStatus
+    from gpufleet.store import Job, QueuedJob
+
+    with store.read() as s:
+        return bool(s.scalar(select(QueuedJob.id).where(QueuedJob.status == QueueStatus.QUEUED)
+                             .limit(1)) or
+                    s.scalar(select(Job.id).where(Job.status.in_(JOB_ACTIVE)).limit(1)))
+
+
+class Guard:
+    """What keeps a second server off the same store while this one runs."""
+
+    def __init__(self, close: Callable[[], None]):
+        self.close = close
+
+
+def only_server(store: Store, home: Path, wait_s: float = 5.0) -> Guard:
+    """Hold the store for this server: two would both start the queue's jobs, and judge each
+    other's supervisors (on another host) dead. A file lock in the state folder for SQLite, a
+    session advisory lock for PostgreSQL, held until the server ends. A server that is just
+    ending (idle) is waited for a little."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    if store.path is None:  # a database server: one lock per database, on a session of its
+        # own outside any transaction (the store's write transactions take another lock)
+        from sqlalchemy import create_engine
+
+        from gpufleet.store import postgres
+
+        engine = create_engine(postgres.engine_url(store.url), isolation_level="AUTOCOMMIT",
+                               connect_args=postgres.connect_args(store.url))
+        conn = engine.connect()
+        while not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({SERVER_LOCK_KEY})").scalar():
+            if time.monotonic() > deadline:
+                conn.close()
+                engine.dispose()
+                raise StateError(f"server: another gpufleet server uses {_shown(store)}; one "
+                                 "server per database")
+            time.sleep(0.2)
+
+        def release() -> None:
+            conn.close()
+            engine.dispose()
+
+        return Guard(release)
+    handle = open(home / RUN_LOCK_FILE, "a+")  # noqa: SIM115 (held until the server ends)
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return Guard(handle.close)
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                handle.close()
+                raise StateError(f"server: another gpufleet server serves {home} (see "
+                                 f"{home / INFO_FILE}); one server per state folder") from None
+            time.sleep(0.2)
+
+
+def _shown(store: Store) -> str:
+    return store.url.split("@")[-1]

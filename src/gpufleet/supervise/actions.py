@@ -96,7 +96,11 @@ class Effects:
             cluster_name=sup.cluster.name, cluster_devices=sup.cluster.count))
         # who started the run: `reconcile` ends only this supervisor's leftovers, not a resumed run
         mine = leftovers.identity_env(sup.job.name, sup.job.job_dir, os.getpid())
-        env = merge_env(dict(os.environ), {**prepared.env, **survive, **mine}, spec.env)
+        # the server's database URL (its password) and a CLI's server token are not the
+        # workers' business
+        base = {k: v for k, v in os.environ.items()
+                if k not in ("GPUFLEET_DB", "GPUFLEET_SERVER", "GPUFLEET_TOKEN")}
+        env = merge_env(base, {**prepared.env, **survive, **mine}, spec.env)
         env[KEY_ENV] = sup.report_key  # after the user's env, and not in command.json
         for file_name, content in prepared.files.items():  # framework configs, a plan
             (job_dir / file_name).write_text(content)
