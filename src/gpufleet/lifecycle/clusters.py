@@ -125,7 +125,7 @@ def check(store: Store, spec: ClusterSpec, nodes: list[Node], pool: str | None =
 
 
 def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | None = None,
-           pool: str | None = None) -> Cluster:
+           pool: str | None = None, user: str | None = None) -> Cluster:
     """Allocate devices and record the cluster, all in one serialized write transaction.
 
     Names are unique among running clusters; a stopped cluster keeps its name in the history.
@@ -145,7 +145,7 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
             status=ClusterStatus.RUNNING, created_at=now, started_at=now, scratch_dir=str(scratch),
             spec_json=spec.model_dump_json(), for_job=for_job, pool=pool,
             simulated=q.simulated, owner_pid=owner.pid if owner else None,
-            owner_started=owner.started if owner else None,
+            owner_started=owner.started if owner else None, user=user,
         )
         s.add(cluster)
         s.flush()

@@ -60,9 +60,9 @@ def allocation(store: Store, spec: ClusterSpec,
 
 
 def provision(store: Store, spec: ClusterSpec, approve: Approve, cpu_slots: int | None = None,
-              for_job: str | None = None) -> Cluster:
+              for_job: str | None = None, user: str | None = None) -> Cluster:
     """Reserve the devices `spec` asks for, after `approve` accepted the quote. A request the
-    pool cannot meet is refused before it is quoted."""
+    pool cannot meet is refused before it is quoted. `user`: the server's user it is for."""
     pool = pools.resolve(store, spec.pool, spec.backend)
     nodes = pools.backend_for(pool, cpu_slots).discover()
     try:
@@ -75,4 +75,5 @@ def provision(store: Store, spec: ClusterSpec, approve: Approve, cpu_slots: int 
     network = clusters.network_of(spec, alloc, nodes)
     approve(Offer(spec, pool.name if pool else None, network,
                   clusters.quote_for(spec, network, clusters.is_simulated(alloc))))
-    return clusters.launch(store, spec, nodes, for_job=for_job, pool=pool.name if pool else None)
+    return clusters.launch(store, spec, nodes, for_job=for_job, pool=pool.name if pool else None,
+                           user=user)

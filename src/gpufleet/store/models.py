@@ -43,6 +43,9 @@ class Cluster(Base):
     # the job's supervisor is recorded, so a `run` killed during start-up frees what it reserved
     owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     owner_started: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the server's user who launched it (POST /api/v1/clusters) or whose job it was made for;
+    # None: launched without a server, which only an admin may stop through one
+    user: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Pool(Base):
