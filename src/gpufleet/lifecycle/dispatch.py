@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 
 from gpufleet.errors import AllocationError, ConflictError, GpufleetError
 from gpufleet.lifecycle import accounts, jobs, pools, runs, submit
@@ -136,12 +136,17 @@ def dispatch(store: Store, now: float | None = None) -> Pass:
             done.started.append(e.name)
         elif why:
             done.refused[e.name] = why
-    with store.session() as s:
-        for h in decided.held:
-            s.execute(update(QueuedJob).where(QueuedJob.name == h.name,
-                                              QueuedJob.status == QueueStatus.QUEUED)
-                      .values(wait=h.wait.value, reason=h.text, position=h.position,
-                              est_start=h.est_start, decided_at=now))
+    if decided.held:
+        # one statement for every held job (an ORM update each cost ~0.4 ms: 40 ms a pass for
+        # a queue of 100, every beat); only rows still queued, so a cancel that came first wins
+        q = QueuedJob.metadata.tables[QueuedJob.__tablename__]
+        held = (update(q).where(q.c.name == bindparam("n"), q.c.status == QueueStatus.QUEUED)
+                .values(wait=bindparam("w"), reason=bindparam("r"), position=bindparam("p"),
+                        est_start=bindparam("e"), decided_at=now))
+        with store.session() as s:
+            s.connection().execute(held, [
+                {"n": h.name, "w": h.wait.value, "r": h.text, "p": h.position, "e": h.est_start}
+                for h in decided.held])
     return done
 
 

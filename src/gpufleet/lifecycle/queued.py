@@ -105,18 +105,29 @@ def check_queueable(store: Store, spec: JobSpec, cpu_slots: int | None,
 
 
 def enqueue(store: Store, spec: JobSpec, who: Identity, need: Need, cpu_slots: int | None,
-            now: float) -> QueuedJob:
+            now: float, picked: bool = False) -> QueuedJob:
+    """Record the job in the queue. `picked`: its name was picked for it, not given, so a name
+    another submission took since it was picked is picked again here, not refused."""
     assert spec.name is not None
-    entry = QueuedJob(name=spec.name, user=who.user, team=who.team, priority=spec.priority,
-                      submitted_at=now, spec_json=spec.model_dump_json(), cpu_slots=cpu_slots,
-                      pool=need.pool, gpu=need.gpu, count=need.count, cluster=need.cluster,
-                      usd_per_hour=need.usd_per_hour, time_limit_s=need.time_limit_s,
-                      status=QueueStatus.QUEUED)
     with store.session() as s:
-        if s.scalar(select(Job.id).where(Job.name == spec.name)) or \
-                s.scalar(select(QueuedJob.id).where(QueuedJob.name == spec.name)):
-            raise ConflictError(f"name: a job named '{spec.name}' already exists; pick another "
-                                "name")
+        for _ in range(jobs.PICKS):
+            if not (s.scalar(select(Job.id).where(Job.name == spec.name)) or
+                    s.scalar(select(QueuedJob.id).where(QueuedJob.name == spec.name))):
+                break
+            if not picked:
+                raise ConflictError(f"name: a job named '{spec.name}' already exists; pick "
+                                    "another name")
+            spec = spec.model_copy(update={"name": jobs.job_name_for(
+                spec.model_copy(update={"name": None}))})
+        else:
+            raise ConflictError(f"name: {jobs.PICKS} names picked for {spec.script} were all "
+                                "taken; give the job a name (--name)")
+        assert spec.name is not None
+        entry = QueuedJob(name=spec.name, user=who.user, team=who.team, priority=spec.priority,
+                          submitted_at=now, spec_json=spec.model_dump_json(), cpu_slots=cpu_slots,
+                          pool=need.pool, gpu=need.gpu, count=need.count, cluster=need.cluster,
+                          usd_per_hour=need.usd_per_hour, time_limit_s=need.time_limit_s,
+                          status=QueueStatus.QUEUED)
         s.add(entry)
         accounts.audit(s, who, "submit", spec.name,
                        f"queued: {need.count} x {need.gpu} on {need.cluster or need.pool}, "
@@ -143,9 +154,9 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
                  now: float | None = None) -> tuple[Job, Cluster] | QueuedJob:
     """Start the job now, or queue it (`queue` False: refuse instead, with the reason)."""
     now = time.time() if now is None else now
-    spec = spec.model_copy(update={"name": jobs.job_name_for(spec)})
+    picked = not spec.name
+    spec = spec.model_copy(update={"name": jobs.free_name_for(store, spec)})
     assert spec.name is not None
-    jobs.check_name_free(store, spec.name)
     need = need_of(store, spec)
     limits = limits_now(store, now)
     w = Waiting(spec.name, who.user, who.team, spec.priority, now, (need.pool, need.gpu),
@@ -175,7 +186,7 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
             if not _busy(store, spec, cpu_slots):
                 raise  # refused for a reason other than devices taken a moment ago
     need = check_queueable(store, spec, cpu_slots, approve)
-    return enqueue(store, spec, who, need, cpu_slots, now)
+    return enqueue(store, spec, who, need, cpu_slots, now, picked)
 
 
 def _started(result: object, who: Identity, now: float, store: Store) -> tuple[Job, Cluster]:

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpufleet.errors import ConflictError, ForbiddenError, NotFoundError
 from gpufleet.lifecycle import accounts, clusters, runs
 from gpufleet.lifecycle.provision import provision, with_pool
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Store
-from gpufleet.views import cluster_dict
+from gpufleet.views import cluster_dicts
 
 if TYPE_CHECKING:
     from gpufleet.server.api import Ctx
@@ -34,11 +35,12 @@ class ClusterIn(BaseModel):
 
 def rows(store: Store, found: list[Cluster], now: float) -> list[dict[str, Any]]:
     """Clusters as the API shows them: the dashboard's fields, the owner, and the devices by
-    node (`placements`: node -> device ids)."""
-    return [{**cluster_dict(store, c, now), "pool": c.pool or "local", "user": c.user,
-             "simulated": bool(c.simulated), "for_job": c.for_job, "created_at": c.created_at,
-             "placements": {p.node_id: [d.id for d in p.devices]
-                            for p in clusters.placements(store, c)}} for c in found]
+    node (`placements`: node -> device ids), read in a few queries however many there are."""
+    placed = clusters.placements_of(store, found)
+    return [{**info, "pool": c.pool or "local", "user": c.user, "simulated": bool(c.simulated),
+             "for_job": c.for_job, "created_at": c.created_at,
+             "placements": {p.node_id: [d.id for d in p.devices] for p in placed[c.id]}}
+            for c, info in zip(found, cluster_dicts(store, found, now, placed), strict=True)]
 
 
 def add_routes(app: FastAPI, ctx: Ctx) -> None:
@@ -48,11 +50,13 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
     def launch(body: ClusterIn, request: Request) -> dict[str, Any]:
         me = ctx.who(request)
         spec = ClusterSpec.parse(with_pool(store, body.spec))
+
+        def audited(s: Session, c: Cluster) -> None:  # in the launch's own transaction
+            accounts.audit(s, me, "launch", c.name, f"{c.count} x {c.gpu} on {c.pool or 'local'}")
+
         # the server has no one to show a quote to; what it reserves is the caller's to pay
-        made = provision(store, spec, lambda _offer: None, body.cpu_slots, user=me.user)
-        with store.session() as s:
-            accounts.audit(s, me, "launch", made.name,
-                           f"{made.count} x {made.gpu} on {made.pool or 'local'}")
+        made = provision(store, spec, lambda _offer: None, body.cpu_slots, user=me.user,
+                         then=audited)
         now = time.time()
         return rows(store, [made], now)[0]
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import sqlite3
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -146,6 +147,11 @@ class Store:
             _owner_only(path)
             url = f"sqlite:///file:{quote(str(path))}?mode=rw&uri=true"
         self.url = url
+        # this process's writers take turns here before SQLite's lock: a writer waiting on
+        # SQLite's (busy_timeout) retries after sleeps of up to 100 ms, so the threads of one
+        # server queued there wait many times longer than the transactions ahead of them take
+        self._turn: AbstractContextManager[Any] = (
+            threading.RLock() if url.startswith("sqlite") else nullcontext())
         self.engine: Engine = create_engine(url)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
@@ -172,7 +178,7 @@ class Store:
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A write transaction (serialized with every other writer)."""
-        with self._translated(), self._sessions() as s, s.begin():
+        with self._turn, self._translated(), self._sessions() as s, s.begin():
             yield s
 
     @contextmanager
