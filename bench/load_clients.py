@@ -42,12 +42,14 @@ class Tally:
     """What the clients saw, merged at the end (each client keeps its own: no lock)."""
 
     seconds: dict[str, list[float]] = field(default_factory=lambda: {op: [] for op in OPS})
+    calls: list[tuple[float, str, float]] = field(default_factory=list)  # (sent at, op, seconds)
     refused: Counter[str] = field(default_factory=Counter)  # expected refusals, by operation
     errors: list[str] = field(default_factory=list)  # "op: HTTP status: what it said"
 
     def merge(self, other: Tally) -> None:
         for op, xs in other.seconds.items():
             self.seconds[op].extend(xs)
+        self.calls.extend(other.calls)
         self.refused.update(other.refused)
         self.errors.extend(other.errors)
 
@@ -127,6 +129,10 @@ class Grants:
                 self.owner[d] = name
 
 
+class Stopped(Exception):
+    """The run is over: the client sends nothing more."""
+
+
 class Client(threading.Thread):
     def __init__(self, index: int, api: Api, grants: Grants, script: str, pause_s: float,
                  hold: int, stop: threading.Event, seed: int):
@@ -142,12 +148,15 @@ class Client(threading.Thread):
         """The answer of a 2xx; None for a refusal (counted) or an error (kept)."""
         if self.pause_s:
             self.stopping.wait(self.rng.uniform(0.5, 1.5) * self.pause_s)
+        if self.stopping.is_set():  # not a request more: all clients at once would be a burst
+            raise Stopped
         try:
             status, got, took = self.api.call(method, path, body)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             self.tally.errors.append(f"{op}: {type(exc).__name__}: {exc}")
             return None
         self.tally.seconds[op].append(took)
+        self.tally.calls.append((time.time() - took, op, took))
         if 200 <= status < 300:
             return got
         kind = got.get("kind") if isinstance(got, dict) else None
@@ -212,6 +221,8 @@ class Client(threading.Thread):
         try:
             while not self.stopping.is_set():
                 self.cycle()
+        except Stopped:
+            pass
         except Exception as exc:  # a bug in the client: kept, not a silent dead thread
             self.tally.errors.append(f"client: {type(exc).__name__}: {exc}")
         finally:

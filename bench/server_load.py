@@ -139,6 +139,10 @@ def verdict(tally: Tally, grants: Grants, sampler: Sampler, final_problems: list
                    "p50_ms": pct(xs, 50), "p95_ms": pct(xs, 95), "p99_ms": pct(xs, 99),
                    "max_ms": 1000 * max(xs) if xs else float("nan")}
     rss = [b for _, b in sampler.rss]
+    t0 = min((at for at, _, _ in tally.calls), default=0.0)
+    by_second: dict[int, list[float]] = {}
+    for at, _op, took in tally.calls:
+        by_second.setdefault(int(at - t0), []).append(took)
     during = [p for s in sampler.samples for p in s.problems]
     requests = sum(len(v) for v in tally.seconds.values())
     gated = ("launch", "submit", "list_jobs", "list_clusters")
@@ -164,6 +168,8 @@ def verdict(tally: Tally, grants: Grants, sampler: Sampler, final_problems: list
             "no_device_twice": not (grants.twice or during or final_problems),
         },
         "machine": machine(),
+        # per second of the run: requests sent, and the slowest of them (ms)
+        "timeline": [[s, len(xs), round(1000 * max(xs), 1)] for s, xs in sorted(by_second.items())],
     }
 
 
@@ -262,7 +268,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of load")
     ap.add_argument("--pause", type=float, default=0.0,
                     help="seconds a client waits before each request (about; 0: closed loop)")
-    ap.add_argument("--hold", type=int, default=3, help="clusters a client keeps running")
+    ap.add_argument("--hold", type=int, default=1, help="clusters a client keeps running")
     ap.add_argument("--users", type=int, default=4)
     ap.add_argument("--shape", action="append", help=f"sim pool shape (default {SHAPES[0]})")
     ap.add_argument("--cpu-slots", type=int, default=2, help="this host's pool, held throughout")

@@ -297,19 +297,20 @@ def placements(store: Store, cluster: Cluster) -> list[Placement]:
 def placements_of(store: Store, found: list[Cluster]) -> dict[int, list[Placement]]:
     """`placements` of several clusters (by id) in one query, for lists of many."""
     by_id = {c.id: c for c in found}
-    rows: list[Reservation] = []
+    ids = list(by_id)
+    grouped: dict[int, dict[str, list[tuple[str, str, int]]]] = {cid: {} for cid in by_id}
     with store.read() as s:
-        ids = list(by_id)
         for at in range(0, len(ids), 500):  # well under SQLite's limit on query parameters
-            rows += s.scalars(select(Reservation).where(Reservation.cluster_id.in_(ids[at:at + 500]))
-                              .order_by(Reservation.cluster_id, Reservation.node_id,
-                                        Reservation.device_index)).all()
-    grouped: dict[int, dict[str, list[Reservation]]] = {cid: {} for cid in by_id}
-    for r in rows:
-        grouped[r.cluster_id].setdefault(r.node_id, []).append(r)
-    return {cid: [Placement(nid, rs[0].address, tuple(
-        Device(id=r.device_id, index=r.device_index, gpu=by_id[cid].gpu, memory_bytes=0,
-               simulated=bool(by_id[cid].simulated)) for r in rs))
+            for cid, nid, address, did, index in s.execute(  # columns: no ORM objects
+                    select(Reservation.cluster_id, Reservation.node_id, Reservation.address,
+                           Reservation.device_id, Reservation.device_index)
+                    .where(Reservation.cluster_id.in_(ids[at:at + 500]))
+                    .order_by(Reservation.cluster_id, Reservation.node_id,
+                              Reservation.device_index)):
+                grouped[cid].setdefault(nid, []).append((address, did, index))
+    return {cid: [Placement(nid, rs[0][0], tuple(
+        Device(id=did, index=index, gpu=by_id[cid].gpu, memory_bytes=0,
+               simulated=bool(by_id[cid].simulated)) for _, did, index in rs))
         for nid, rs in nodes.items()] for cid, nodes in grouped.items()}
 
 

@@ -248,7 +248,8 @@ class QueuedJob(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     position: Mapped[int | None] = mapped_column(Integer, nullable=True)
     est_start: Mapped[float | None] = mapped_column(Float, nullable=True)
-    decided_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # the last pass
+    # the last pass that changed its place, wait or reason
+    decided_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     left_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # started or cancelled
 
 
