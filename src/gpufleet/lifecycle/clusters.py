@@ -9,14 +9,16 @@ from __future__ import annotations
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
-from gpufleet.lifecycle import owners
+from gpufleet.lifecycle import owners, pool_index
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, ClusterStatus
 from gpufleet.plan import cost
 from gpufleet.pool.allocate import allocate, free_devices
@@ -59,9 +61,10 @@ def new_name(prefix: str) -> str:
 def held(s: Session, pool: str | None = None) -> dict[tuple[str, str], str]:
     """Reservations on one pool's nodes (node names repeat across pools: every local Ray pool
     has a 'head')."""
-    q = select(Reservation, Cluster.name).join(Cluster, Cluster.id == Reservation.cluster_id)
+    q = (select(Reservation.node_id, Reservation.device_id, Cluster.name)
+         .join(Cluster, Cluster.id == Reservation.cluster_id))
     q = q.where(Cluster.pool.is_(None) if pool is None else Cluster.pool == pool)
-    return {(r.node_id, r.device_id): cname for r, cname in s.execute(q)}
+    return {(nid, did): cname for nid, did, cname in s.execute(q)}  # columns: no ORM objects
 
 
 def held_whole(s: Session, pool: str | None) -> dict[str, str]:
@@ -111,30 +114,38 @@ def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node],
                             f"name or stop it first (gpufleet stop {name})")
     if capabilities(spec.backend).this_host:
         return allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, held(s))
-    return allocate(spec.gpu, spec.count, spec.nodes, spec.network, nodes, held(s, pool),
-                    held_whole(s, pool), price=_price)
+    if pool is None:
+        return allocate(spec.gpu, spec.count, spec.nodes, spec.network, nodes, held(s, pool),
+                        held_whole(s, pool), price=_price)
+    return pool_index.allocate(pool, nodes, held(s, pool), held_whole(s, pool), _price, spec.gpu,
+                               spec.count, spec.nodes, spec.network)
 
 
 def check(store: Store, spec: ClusterSpec, nodes: list[Node], pool: str | None = None) -> Allocation:
     """Would `launch` succeed now? Raises its error if not; reserves nothing. Returns the
-    devices it would get (a dry run shows commands for them)."""
-    with store.session() as s:
+    devices it would get (a dry run shows commands for them). A read: `launch` checks again in
+    its own write transaction, so this one need not hold up the other writers."""
+    with store.read() as s:
         alloc = _checked(s, spec, spec.name or "", nodes, pool)
     quote_for(spec, network_of(spec, alloc, nodes))
     return alloc
 
 
 def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | None = None,
-           pool: str | None = None) -> Cluster:
-    """Allocate devices and record the cluster, all in one serialized write transaction.
+           pool: str | None = None, user: str | None = None,
+           then: Callable[[Session, Cluster], None] | None = None) -> Cluster:
+    """Allocate devices and record the cluster, all in one serialized write transaction
+    (`then`: more for that transaction to write, such as the server's audit event).
 
     Names are unique among running clusters; a stopped cluster keeps its name in the history.
     """
     name = spec.name or new_name("cluster")
-    scratch = gpufleet_home() / "clusters" / name
+    scratch_root = gpufleet_home() / "clusters"
     now = time.time()
     owner = owners.me() if for_job else None  # held by this `run` until its supervisor starts
     with store.session() as s:
+        while spec.name is None and _running_named(s, name):  # a name we picked: pick again
+            name = new_name("cluster")
         alloc = _checked(s, spec, name, nodes, pool)
         network = network_of(spec, alloc, nodes)
         q = quote_for(spec, network, is_simulated(alloc))
@@ -142,10 +153,11 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
             name=name, gpu=spec.gpu, count=spec.count, nodes=len(alloc.placements),
             network=network, disk_bytes=spec.disk_bytes, backend=spec.backend,
             price_book=None if q.simulated else q.book, usd_per_hour=q.usd_per_hour,
-            status=ClusterStatus.RUNNING, created_at=now, started_at=now, scratch_dir=str(scratch),
+            status=ClusterStatus.RUNNING, created_at=now, started_at=now,
+            scratch_dir=str(scratch_root / name),
             spec_json=spec.model_dump_json(), for_job=for_job, pool=pool,
             simulated=q.simulated, owner_pid=owner.pid if owner else None,
-            owner_started=owner.started if owner else None,
+            owner_started=owner.started if owner else None, user=user,
         )
         s.add(cluster)
         s.flush()
@@ -153,8 +165,15 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
             for d in p.devices:
                 s.add(Reservation(cluster_id=cluster.id, node_id=p.node_id, address=p.address,
                                   device_id=d.id, device_index=d.index, pool=pool or "local"))
-    scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if then is not None:
+            then(s, cluster)
+    Path(cluster.scratch_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
     return cluster
+
+
+def _running_named(s: Session, name: str) -> bool:
+    return s.scalar(select(Cluster.id).where(Cluster.name == name,
+                                             Cluster.status.in_(ACTIVE)).limit(1)) is not None
 
 
 def heal(store: Store, cluster: Cluster, nodes: list[Node]) -> tuple[Cluster, list[str]]:
@@ -272,24 +291,35 @@ def get(store: Store, name: str) -> Cluster:
 def placements(store: Store, cluster: Cluster) -> list[Placement]:
     """The cluster's reserved devices grouped by node, rebuilt from the store alone so a
     detached supervisor needs no view of the pool."""
+    return placements_of(store, [cluster])[cluster.id]
+
+
+def placements_of(store: Store, found: list[Cluster]) -> dict[int, list[Placement]]:
+    """`placements` of several clusters (by id) in one query, for lists of many."""
+    by_id = {c.id: c for c in found}
+    ids = list(by_id)
+    grouped: dict[int, dict[str, list[tuple[str, str, int]]]] = {cid: {} for cid in by_id}
     with store.read() as s:
-        rows = s.scalars(select(Reservation).where(Reservation.cluster_id == cluster.id)
-                         .order_by(Reservation.node_id, Reservation.device_index)).all()
-    out: dict[str, list[Reservation]] = {}
-    for r in rows:
-        out.setdefault(r.node_id, []).append(r)
-    return [
-        Placement(nid, rs[0].address, tuple(
-            Device(id=r.device_id, index=r.device_index, gpu=cluster.gpu, memory_bytes=0,
-                   simulated=bool(cluster.simulated))
-            for r in rs))
-        for nid, rs in out.items()
-    ]
+        for at in range(0, len(ids), 500):  # well under SQLite's limit on query parameters
+            for cid, nid, address, did, index in s.execute(  # columns: no ORM objects
+                    select(Reservation.cluster_id, Reservation.node_id, Reservation.address,
+                           Reservation.device_id, Reservation.device_index)
+                    .where(Reservation.cluster_id.in_(ids[at:at + 500]))
+                    .order_by(Reservation.cluster_id, Reservation.node_id,
+                              Reservation.device_index)):
+                grouped[cid].setdefault(nid, []).append((address, did, index))
+    return {cid: [Placement(nid, rs[0][0], tuple(
+        Device(id=did, index=index, gpu=by_id[cid].gpu, memory_bytes=0,
+               simulated=bool(by_id[cid].simulated)) for _, did, index in rs))
+        for nid, rs in nodes.items()] for cid, nodes in grouped.items()}
 
 
 def device_ids(store: Store, cluster: Cluster) -> list[str]:
     """The cluster's devices; on several nodes each is named node/device."""
-    found = placements(store, cluster)
+    return ids_of(placements(store, cluster))
+
+
+def ids_of(found: list[Placement]) -> list[str]:
     if len(found) == 1:
         return [d.id for d in found[0].devices]
     return [f"{p.node_id}/{d.id}" for p in found for d in p.devices]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 
 from gpufleet.errors import AllocationError, ConflictError, GpufleetError, LimitError
 from gpufleet.lifecycle import accounts, jobs, pools, reconcile, runs, submit
@@ -155,15 +155,24 @@ def dispatch(store: Store, now: float | None = None) -> Pass:
             done.started.append(e.name)
         elif why:
             done.refused[e.name] = why
-    with store.session() as s:
-        for h in decided.held:
-            pool = entries[h.name].pool
-            text = h.text if pool not in inv.problems else \
-                f"pool {pool} cannot be used now: {inv.problems[pool]}"
-            s.execute(update(QueuedJob).where(QueuedJob.name == h.name,
-                                              QueuedJob.status == QueueStatus.QUEUED)
-                      .values(wait=h.wait.value, reason=text, position=h.position,
-                              est_start=h.est_start, decided_at=now))
+    texts = {h.name: h.text if entries[h.name].pool not in inv.problems else
+             f"pool {entries[h.name].pool} cannot be used now: {inv.problems[entries[h.name].pool]}"
+             for h in decided.held}
+    changed = [h for h in decided.held if (entries[h.name].wait, entries[h.name].reason,
+                                           entries[h.name].position, entries[h.name].est_start)
+               != (h.wait.value, texts[h.name], h.position, h.est_start)]
+    if changed:
+        # only what changed (a pass that changes nothing writes nothing: no write lock, no
+        # fsync), in one statement (an ORM update each cost ~0.4 ms: 40 ms a pass for a queue
+        # of 100); only rows still queued, so a cancel that came first wins
+        q = QueuedJob.metadata.tables[QueuedJob.__tablename__]
+        held = (update(q).where(q.c.name == bindparam("n"), q.c.status == QueueStatus.QUEUED)
+                .values(wait=bindparam("w"), reason=bindparam("r"), position=bindparam("p"),
+                        est_start=bindparam("e"), decided_at=now))
+        with store.session() as s:
+            s.connection().execute(held, [
+                {"n": h.name, "w": h.wait.value, "r": texts[h.name], "p": h.position,
+                 "e": h.est_start} for h in changed])
     return done
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from contextlib import suppress
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -19,6 +20,7 @@ from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
 ACTIVE = JOB_ACTIVE
 FINAL = JOB_FINAL
 STOP_REQUESTED = "stopped by user (gpufleet stop)"
+PICKS = 16  # names tried for a job without one
 
 
 def job_name_for(spec: JobSpec) -> str:
@@ -36,10 +38,25 @@ def check_name_free(store: Store, name: str, queued_ok: bool = False) -> None:
     name is the job being started."""
     from gpufleet.store import QueuedJob
 
-    with store.session() as s:
+    with store.read() as s:
         if s.scalar(select(Job).where(Job.name == name)) is not None or (
                 not queued_ok and s.scalar(select(QueuedJob).where(QueuedJob.name == name))):
             raise ConflictError(f"name: a job named '{name}' already exists; pick another name")
+
+
+def free_name_for(store: Store, spec: JobSpec) -> str:
+    """The job's own name (refused if taken), or one picked for it that no job has: picked
+    names are random, and a queue keeps its history, so a picked name may be taken already."""
+    if spec.name:
+        check_name_free(store, spec.name)
+        return spec.name
+    for _ in range(PICKS):
+        name = job_name_for(spec)
+        with suppress(ConflictError):
+            check_name_free(store, name)
+            return name
+    raise ConflictError(f"name: {PICKS} names picked for {spec.script} were all taken; give "
+                        "the job a name (--name)")
 
 
 def check_workers(spec: JobSpec, per_node: int, cluster_name: str) -> None:

@@ -51,20 +51,26 @@ def job_row(j: Job, c: Cluster, e: QueuedJob | None, now: float) -> dict[str, An
 
 def table(store: Store, who: Identity, now: float, every: bool = False,
           user: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
-    """Queued jobs first (in their order), then running, then ended (newest first)."""
+    """Queued jobs first (in their order), then running, then ended (newest first). Every
+    queued job is listed; of the jobs and the queue's history (cancelled, refused), the newest
+    `limit` each."""
     if not who.admin:
         user = who.user
-    eq = select(QueuedJob).where(QueuedJob.status != QueueStatus.STARTED)
+    wq = select(QueuedJob).where(QueuedJob.status == QueueStatus.QUEUED)
+    lq = select(QueuedJob).where(QueuedJob.status.not_in((QueueStatus.QUEUED,
+                                                          QueueStatus.STARTED))) \
+        .order_by(QueuedJob.left_at.desc()).limit(limit)
     jq = select(Job, Cluster).join(Cluster, Cluster.id == Job.cluster_id) \
         .order_by(Job.id.desc()).limit(limit)
     if user is not None:
-        eq = eq.where(QueuedJob.user == user)
+        wq = wq.where(QueuedJob.user == user)
+        lq = lq.where(QueuedJob.user == user)
         jq = jq.where(Job.user == user)
     if not every:
-        eq = eq.where((QueuedJob.status == QueueStatus.QUEUED) | (QueuedJob.left_at >= now - RECENT_S))
+        lq = lq.where(QueuedJob.left_at >= now - RECENT_S)
         jq = jq.where(Job.status.in_(jobs.ACTIVE) | (Job.ended_at >= now - RECENT_S))
     with store.read() as s:
-        entries = list(s.scalars(eq))
+        entries = [*s.scalars(wq), *s.scalars(lq)]
         found = [(j, c) for j, c in s.execute(jq)]
         names = [j.name for j, _ in found]
         origin = {e.name: e for e in s.scalars(select(QueuedJob).where(QueuedJob.name.in_(names)))}

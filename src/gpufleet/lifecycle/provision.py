@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from gpufleet.errors import AllocationError
 from gpufleet.lifecycle import clusters, pools, reconcile
 from gpufleet.pool.model import Placement
@@ -60,9 +62,11 @@ def allocation(store: Store, spec: ClusterSpec,
 
 
 def provision(store: Store, spec: ClusterSpec, approve: Approve, cpu_slots: int | None = None,
-              for_job: str | None = None) -> Cluster:
+              for_job: str | None = None, user: str | None = None,
+              then: Callable[[Session, Cluster], None] | None = None) -> Cluster:
     """Reserve the devices `spec` asks for, after `approve` accepted the quote. A request the
-    pool cannot meet is refused before it is quoted."""
+    pool cannot meet is refused before it is quoted. `user`: the server's user it is for;
+    `then`: written in the reservation's transaction (`clusters.launch`)."""
     pool = pools.resolve(store, spec.pool, spec.backend)
     nodes = pools.backend_for(pool, cpu_slots).discover()
     try:
@@ -75,4 +79,5 @@ def provision(store: Store, spec: ClusterSpec, approve: Approve, cpu_slots: int 
     network = clusters.network_of(spec, alloc, nodes)
     approve(Offer(spec, pool.name if pool else None, network,
                   clusters.quote_for(spec, network, clusters.is_simulated(alloc))))
-    return clusters.launch(store, spec, nodes, for_job=for_job, pool=pool.name if pool else None)
+    return clusters.launch(store, spec, nodes, for_job=for_job, pool=pool.name if pool else None,
+                           user=user, then=then)

@@ -107,19 +107,32 @@ def check_queueable(store: Store, spec: JobSpec, cpu_slots: int | None,
 
 
 def enqueue(store: Store, spec: JobSpec, who: Identity, need: Need, cpu_slots: int | None,
-            now: float, environ: Mapping[str, str] | None = None) -> QueuedJob:
+            now: float, picked: bool = False,
+            environ: Mapping[str, str] | None = None) -> QueuedJob:
+    """Record the job in the queue. `picked`: its name was picked for it, not given, so a name
+    another submission took since it was picked is picked again here, not refused.
+    `environ`: the submitter's environment, for its supervisor when it starts."""
     assert spec.name is not None
-    entry = QueuedJob(name=spec.name, user=who.user, team=who.team, priority=spec.priority,
-                      submitted_at=now, spec_json=spec.model_dump_json(), cpu_slots=cpu_slots,
-                      env_json=None if environ is None else json.dumps(dict(environ)),
-                      pool=need.pool, gpu=need.gpu, count=need.count, cluster=need.cluster,
-                      usd_per_hour=need.usd_per_hour, time_limit_s=need.time_limit_s,
-                      status=QueueStatus.QUEUED)
     with store.session() as s:
-        if s.scalar(select(Job.id).where(Job.name == spec.name)) or \
-                s.scalar(select(QueuedJob.id).where(QueuedJob.name == spec.name)):
-            raise ConflictError(f"name: a job named '{spec.name}' already exists; pick another "
-                                "name")
+        for _ in range(jobs.PICKS):
+            if not (s.scalar(select(Job.id).where(Job.name == spec.name)) or
+                    s.scalar(select(QueuedJob.id).where(QueuedJob.name == spec.name))):
+                break
+            if not picked:
+                raise ConflictError(f"name: a job named '{spec.name}' already exists; pick "
+                                    "another name")
+            spec = spec.model_copy(update={"name": jobs.job_name_for(
+                spec.model_copy(update={"name": None}))})
+        else:
+            raise ConflictError(f"name: {jobs.PICKS} names picked for {spec.script} were all "
+                                "taken; give the job a name (--name)")
+        assert spec.name is not None
+        entry = QueuedJob(name=spec.name, user=who.user, team=who.team, priority=spec.priority,
+                          submitted_at=now, spec_json=spec.model_dump_json(), cpu_slots=cpu_slots,
+                          env_json=None if environ is None else json.dumps(dict(environ)),
+                          pool=need.pool, gpu=need.gpu, count=need.count, cluster=need.cluster,
+                          usd_per_hour=need.usd_per_hour, time_limit_s=need.time_limit_s,
+                          status=QueueStatus.QUEUED)
         s.add(entry)
         accounts.audit(s, who, "submit", spec.name,
                        f"queued: {need.count} x {need.gpu} on {need.cluster or need.pool}, "
@@ -166,9 +179,9 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
     `environ`: the submitter's environment, kept for the start of a queued job (the state
     file is owner-only); None: the starting process's."""
     now = time.time() if now is None else now
-    spec = spec.model_copy(update={"name": jobs.job_name_for(spec)})
+    picked = not spec.name
+    spec = spec.model_copy(update={"name": jobs.free_name_for(store, spec)})
     assert spec.name is not None
-    jobs.check_name_free(store, spec.name)
     need = need_of(store, spec)
     limits = limits_now(store, now)
     w = Waiting(spec.name, who.user, who.team, spec.priority, now, (need.pool, need.gpu),
@@ -199,7 +212,7 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
             if not _busy(store, spec, cpu_slots):
                 raise  # refused for a reason other than devices taken a moment ago
     need = check_queueable(store, spec, cpu_slots, approve)
-    return enqueue(store, spec, who, need, cpu_slots, now, environ)
+    return enqueue(store, spec, who, need, cpu_slots, now, picked, environ)
 
 
 def _started(result: object, who: Identity, now: float, store: Store) -> tuple[Job, Cluster]:

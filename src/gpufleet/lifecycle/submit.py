@@ -139,7 +139,8 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
         if dry_run:
             placements, fabric = allocation(store, cspec, cpu_slots)
             return DryRun(spec, layout, placements, cspec.name or "", fabric)
-        cluster = provision(store, cspec, approve, cpu_slots, for_job=spec.name)
+        cluster = provision(store, cspec, approve, cpu_slots, for_job=spec.name,
+                            user=owner[0] if owner else None)
         try:
             check_pool_job(spec, cluster.backend, cluster.nodes)
             jobs.check_workers(spec, cluster.count // cluster.nodes, cluster.name)

@@ -91,6 +91,7 @@ class Allocator:
         self.held: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {}  # cluster -> takes
         self.kinds: dict[str, list[str]] = {}  # node -> its GPU types
         self.price = price or (lambda _gpu, _fabric: 0.0)
+        self._devices: dict[tuple[str, str], str] | None = None  # (node, device) -> type, for sync
         reserved = reserved or {}
         exclusive = exclusive or {}
         by_node: dict[str, list[tuple[str, str]]] = {}
@@ -187,10 +188,12 @@ class Allocator:
                         return Allocation(tuple(many))
         raise AllocationError(self._refusal(gpu, count, counts, network, whole))
 
-    def take(self, holder: str, alloc: Allocation) -> None:
-        """Record `alloc` as held by `holder`; several nodes make the nodes its alone (every
-        GPU type on them)."""
-        multi = len(alloc.placements) > 1
+    def take(self, holder: str, alloc: Allocation, whole: bool | None = None) -> None:
+        """Record `alloc` as held by `holder`; several nodes (or `whole`) make the nodes its
+        alone (every GPU type on them). A holder is one of a node's holders for every type
+        there, as the constructor counts them, so no multi-node cluster of another type takes
+        the node as untouched."""
+        multi = len(alloc.placements) > 1 if whole is None else whole
         for p in alloc.placements:
             gpu = p.devices[0].gpu
             ids = {d.id for d in p.devices}
@@ -199,28 +202,69 @@ class Allocator:
                 self._unindex(st)
                 if g == gpu:
                     st.free = [d for d in st.free if d.id not in ids]
-                    st.holders.add(holder)
                     self.held.setdefault(holder, []).append((p.node_id, gpu, tuple(sorted(ids))))
+                st.holders.add(holder)
                 if multi:
                     st.exclusive = holder
                 self._index(st)
 
     def release(self, holder: str) -> None:
         """Give back what `take(holder, ...)` recorded in this allocator."""
-        for nid in {h[0] for h in self.held.get(holder, [])}:
+        takes = self.held.pop(holder, [])
+        back: dict[tuple[str, str], set[str]] = {}
+        for nid, gpu, ids in takes:
+            back.setdefault((nid, gpu), set()).update(ids)
+        for nid in dict.fromkeys(t[0] for t in takes):  # in the order taken: ties stay put
             for g in self.kinds[nid]:
                 st = self.state[(nid, g)]
+                self._unindex(st)
                 if st.exclusive == holder:
-                    self._unindex(st)
                     st.exclusive = None
-                    self._index(st)
-        for nid, gpu, ids in self.held.pop(holder, []):
-            st = self.state[(nid, gpu)]
-            self._unindex(st)
-            back = [d for d in st.node.devices if d.id in ids]
-            st.free = sorted(st.free + back, key=lambda d: d.index)
-            st.holders.discard(holder)
-            self._index(st)
+                st.holders.discard(holder)
+                given = back.get((nid, g), set())
+                returned = [d for d in st.node.devices
+                            if d.id in given and d.gpu == g and d.healthy]
+                st.free = sorted(st.free + returned, key=lambda d: d.index)
+                self._index(st)
+
+    def sync(self, reserved: Reservations, exclusive: Mapping[str, str] | None = None) -> bool:
+        """Hold exactly `reserved` and `exclusive`, as a new Allocator of the same nodes made
+        with them would: the holders whose devices changed are released, the new ones taken.
+        A service keeps one index between requests this way and pays for what changed since,
+        not for the whole pool. False (nothing changed) when the reservations name a device
+        the nodes do not have; build a new Allocator then."""
+        exclusive = exclusive or {}
+        if self._devices is None:
+            self._devices = {(n.id, d.id): d.gpu for n in self.nodes.values() for d in n.devices}
+        want: dict[str, dict[tuple[str, str], set[str]]] = {}  # holder -> (node, gpu) -> ids
+        for key, holder in reserved.items():
+            gpu = self._devices.get(key)
+            if gpu is None:
+                if key[0] in self.nodes:
+                    return False
+                continue  # not in this pool's nodes: the constructor ignores it too
+            want.setdefault(holder, {}).setdefault((key[0], gpu), set()).add(key[1])
+        if any(exclusive[nid] not in want or all(n != nid for n, _ in want[exclusive[nid]])
+               for nid in exclusive if nid in self.nodes):
+            return False  # a node held whole by a cluster holding nothing there
+        whole = {h for nid, h in exclusive.items() if nid in self.nodes}
+        for holder in list(self.held):
+            have: dict[tuple[str, str], set[str]] = {}
+            for nid, gpu, ids in self.held[holder]:
+                have.setdefault((nid, gpu), set()).update(ids)
+            was_whole = any(self.state[(nid, gpu)].exclusive == holder for nid, gpu in have)
+            if have != want.get(holder) or was_whole != (holder in whole):
+                self.release(holder)
+        for holder, places in want.items():
+            if holder in self.held:
+                continue
+            alloc = Allocation(tuple(
+                Placement(nid, self.nodes[nid].address,
+                          tuple(sorted((d for d in self.nodes[nid].devices if d.id in ids),
+                                       key=lambda d: d.index)))
+                for (nid, _gpu), ids in sorted(places.items())))
+            self.take(holder, alloc, whole=holder in whole)
+        return True
 
     # -- refusals -----------------------------------------------------------------------------
     def _reason(self, st: _NodeState, per: int, network: str | None, multi: bool) -> str | None:

@@ -31,7 +31,7 @@ from gpufleet.errors import (
 from gpufleet.lifecycle import accounts, jobs, ledger, listing, queued, reconcile, runs, teams
 from gpufleet.lifecycle.accounts import Identity
 from gpufleet.lifecycle.status import JobStatus
-from gpufleet.server import API_VERSION
+from gpufleet.server import API_VERSION, api_clusters
 from gpufleet.server.loop import Loop
 from gpufleet.spec import parse_duration
 from gpufleet.store import Store
@@ -146,6 +146,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
 
     ctx = Ctx(store, who, woke, loop)
     pages.add_routes(app, ctx)
+    api_clusters.add_routes(app, ctx)
 
     @app.get("/api/v1/version")
     def version() -> dict[str, Any]:

@@ -23,6 +23,10 @@ from gpufleet.lifecycle.status import QueueStatus
 from gpufleet.store import Job, QueuedJob, Store
 
 BEAT_S = 1.0
+# the least time from one beat's start to the next: every submit and cancel wakes the loop, and
+# under a stream of them it would plan the queue back to back, taking the store's write lock and
+# the CPU from the requests it serves
+MIN_GAP_S = 0.2
 LEDGER_EVERY_S = 5.0
 BROKEN_AFTER = 30  # failed beats in a row after which a local server gives up
 
@@ -71,9 +75,11 @@ class Loop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             self.beat(time.time())
             self._wake.wait(BEAT_S)
             self._wake.clear()
+            self._stop.wait(MIN_GAP_S - (time.monotonic() - started))  # a wake then: next beat
 
     def beat(self, now: float) -> Beat:
         b = Beat(at=now)

@@ -13,9 +13,10 @@ import os
 import sqlite3
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -130,6 +131,11 @@ class Store:
             _owner_only(path)
             url = f"sqlite:///file:{quote(str(path))}?mode=rw&uri=true"
         self.url = url
+        # this process's writers take turns here before SQLite's lock: a writer waiting on
+        # SQLite's (busy_timeout) retries after sleeps of up to 100 ms, so the threads of one
+        # server queued there wait many times longer than the transactions ahead of them take
+        self._turn: AbstractContextManager[Any] = (
+            threading.RLock() if url.startswith("sqlite") else nullcontext())
         if postgres.is_postgres(url):
             self.engine: Engine = postgres.create(url)
         else:
@@ -165,7 +171,7 @@ class Store:
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A write transaction (serialized with every other writer)."""
-        with self._translated(), self._sessions() as s, s.begin():
+        with self._turn, self._translated(), self._sessions() as s, s.begin():
             yield s
 
     @contextmanager

@@ -52,7 +52,9 @@ class Cluster(Base):
     # the job's supervisor is recorded, so a `run` killed during start-up frees what it reserved
     owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     owner_started: Mapped[float | None] = mapped_column(Float, nullable=True)
-    user: Mapped[str | None] = mapped_column(String(64), nullable=True)  # who launched it
+    # the server's user who launched it (POST /api/v1/clusters) or whose job it was made for;
+    # None: launched without a server, which only an admin may stop through one
+    user: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Pool(Base):
@@ -258,7 +260,8 @@ class QueuedJob(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     position: Mapped[int | None] = mapped_column(Integer, nullable=True)
     est_start: Mapped[float | None] = mapped_column(Float, nullable=True)
-    decided_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # the last pass
+    # the last pass that changed its place, wait or reason
+    decided_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     left_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # started or cancelled
 
 
