@@ -126,7 +126,7 @@ def test_two_users_share_a_sim_pool_through_the_api(sim_server: tuple[str, Fleet
     assert status == 200 and {r["name"] for r in everyone} == set(made)
 
     eight = next(n for n, r in made.items() if r["count"] == 8)
-    one_line_error(*bob("DELETE", f"/api/v1/clusters/{eight}"), 403, "belongs to alice")
+    one_line_error(*bob("DELETE", f"/api/v1/clusters/{eight}"), 403, "it is not yours (bob)")
     assert eight in {r["name"] for r in alice("GET", "/api/v1/clusters")[1]}
     status, got = bob("DELETE", "/api/v1/clusters/no-such")
     one_line_error(status, got, 404, "no-such")
