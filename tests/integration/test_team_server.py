@@ -157,6 +157,15 @@ def test_a_team_server_enforces_quotas_and_budgets_and_books_every_cost(
     assert {("alice", "submit", "a1"), ("bob", "submit", "b1"), ("carol", "submit", "c2"),
             ("admin", "quota_set", "ml"), ("admin", "budget_set", "lab"),
             ("admin", "user_add", "carol")} <= did
+    # clusters through the server: launch, list and stop go to it once logged in
+    made = admin("launch", "--gpu", "cpu", "--count", "1", "--name", "shared")
+    assert made.returncode == 0 and "Cluster shared" in made.stdout, made.stderr
+    assert [c["name"] for c in json.loads(admin("list", "--json").stdout)] == ["shared"]
+    assert json.loads(users["bob"]("list", "--json").stdout) == []  # not his
+    theirs = users["bob"]("stop", "shared", "-y")
+    assert theirs.returncode == 2 and "not yours" in theirs.stderr, theirs.stderr
+    assert admin("stop", "shared", "-y").returncode == 0
+    assert json.loads(admin("list", "--json").stdout) == []
     no_admin = users["bob"]("admin", "user", "add", "mallory")
     assert no_admin.returncode == 2 and "only an admin" in no_admin.stderr
     bogus = as_user(make_fleet("bogus", 2), url, "not-a-token")("jobs")

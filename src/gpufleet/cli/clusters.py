@@ -60,8 +60,17 @@ def launch(
     data: dict[str, Any] = load_yaml(file) if file else {}
     flags = {"gpu": gpu, "count": count, "network": network, "disk": disk, "name": name,
              "nodes": nodes, "backend": backend, "pool": pool, "price_book": price_book}
-    st = store()
     merged = {**data, **{k: v for k, v in flags.items() if v is not None}}
+    client = remote()
+    if client is not None:  # the server checks it against its own pools
+        got = client.call("POST", "/api/v1/clusters", {"spec": merged})
+        if as_json:
+            print_json(got)
+            return
+        out.print(f"Cluster [bold]{got['name']}[/]: {got['count']} x {got['gpu']} on "
+                  f"{client.url}. Run a job: gpufleet run --cluster {got['name']} SCRIPT")
+        return
+    st = store()
     spec = ClusterSpec.parse(with_pool(st, merged))
     cluster = provision(st, spec, approve_quote(yes, quiet=as_json), cpu_slots)
     if as_json:
@@ -127,7 +136,13 @@ def list_(
 
     from gpufleet import ui
 
-    rows = cluster_rows(all_)
+    client = remote()
+    if client is not None:  # the server's running clusters (yours, or every one for an admin)
+        rows = [{"devices": [d for ds in r.get("placements", {}).values() for d in ds],
+                 **{k: v for k, v in r.items() if k != "devices"}}
+                for r in client.call("GET", "/api/v1/clusters")]
+    else:
+        rows = cluster_rows(all_)
     if as_json:
         print_json(rows)
         return
@@ -239,9 +254,15 @@ def stop(
         if all_ or not name:
             raise SpecError([("all", "with a server, stop jobs by name (gpufleet jobs lists "
                               "yours); --all stops this machine's own clusters after logout")])
-        confirm(f"Stop job {name}?", yes)
-        got = client.call("POST", f"/api/v1/jobs/{seg(name)}/stop")
-        out.print(f"Job {name}: {got['status']}")
+        from gpufleet.errors import NotFoundError
+
+        confirm(f"Stop {name}?", yes)
+        try:
+            got = client.call("POST", f"/api/v1/jobs/{seg(name)}/stop")
+            out.print(f"Job {name}: {got['status']}")
+        except NotFoundError:  # not a job: a cluster of yours on the server
+            got = client.call("DELETE", f"/api/v1/clusters/{seg(name)}")
+            out.print(f"Cluster {name}: {got.get('status', 'stopped')}, devices freed")
         return
     if all_ and not name and _nothing_running():
         out.print("No running clusters.")
