@@ -188,7 +188,12 @@ class Client(threading.Thread):
     def stop_oldest(self) -> None:
         name = self.mine.pop(0)
         devices = self.grants.release(name)  # before the DELETE goes: see the module's doc
-        got = self._call("stop", "DELETE", f"/api/v1/clusters/{name}")
+        try:
+            got = self._call("stop", "DELETE", f"/api/v1/clusters/{name}")
+        except Stopped:  # not sent: it still holds them
+            self.grants.restore(name, devices)
+            self.mine.insert(0, name)
+            raise
         if got is None:
             self.grants.restore(name, devices)
             self.mine.insert(0, name)

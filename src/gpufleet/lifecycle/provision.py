@@ -61,23 +61,25 @@ def allocation(store: Store, spec: ClusterSpec,
     return list(alloc.placements), clusters.network_of(spec, alloc, nodes)
 
 
-def provision(store: Store, spec: ClusterSpec, approve: Approve, cpu_slots: int | None = None,
-              for_job: str | None = None, user: str | None = None,
+def provision(store: Store, spec: ClusterSpec, approve: Approve | None,
+              cpu_slots: int | None = None, for_job: str | None = None, user: str | None = None,
               then: Callable[[Session, Cluster], None] | None = None) -> Cluster:
     """Reserve the devices `spec` asks for, after `approve` accepted the quote. A request the
-    pool cannot meet is refused before it is quoted. `user`: the server's user it is for;
-    `then`: written in the reservation's transaction (`clusters.launch`)."""
+    pool cannot meet is refused before it is quoted. `approve` None: nobody is shown a quote
+    (the server), so there is no dry run first; `launch` checks the same in its transaction.
+    `user`: the server's user it is for; `then`: written in the reservation's transaction."""
     pool = pools.resolve(store, spec.pool, spec.backend)
     nodes = pools.backend_for(pool, cpu_slots).discover()
     try:
-        alloc = clusters.check(store, spec, nodes, pool.name if pool else None)
+        if approve is not None:
+            alloc = clusters.check(store, spec, nodes, pool.name if pool else None)
+            network = clusters.network_of(spec, alloc, nodes)
+            approve(Offer(spec, pool.name if pool else None, network,
+                          clusters.quote_for(spec, network, clusters.is_simulated(alloc))))
+        return clusters.launch(store, spec, nodes, for_job=for_job,
+                               pool=pool.name if pool else None, user=user, then=then)
     except AllocationError as exc:
         if pool is None:
             raise
         raise AllocationError(f"{exc} [pool {pool.name}; this host's devices: --pool local, or "
                               "gpufleet pool use local]") from None
-    network = clusters.network_of(spec, alloc, nodes)
-    approve(Offer(spec, pool.name if pool else None, network,
-                  clusters.quote_for(spec, network, clusters.is_simulated(alloc))))
-    return clusters.launch(store, spec, nodes, for_job=for_job, pool=pool.name if pool else None,
-                           user=user, then=then)
