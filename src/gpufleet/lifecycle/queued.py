@@ -183,6 +183,9 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
     spec = spec.model_copy(update={"name": jobs.free_name_for(store, spec)})
     assert spec.name is not None
     need = need_of(store, spec)
+    if need.cluster is not None:  # someone's launched cluster is theirs to run on
+        accounts.may_act_on(who, clusters.get(store, need.cluster).user or who.user,
+                            f"cluster {need.cluster}")
     limits = limits_now(store, now)
     w = Waiting(spec.name, who.user, who.team, spec.priority, now, (need.pool, need.gpu),
                 need.count, need.cluster, need.time_limit_s, need.usd_per_hour)

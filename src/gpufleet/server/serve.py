@@ -40,6 +40,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        sock.listen(2048)  # clients that connect once the address is printed wait, not fail
     except (OSError, UnicodeError) as exc:
         busy = "in use" in str(exc)
         raise SpecError([("port" if busy else "host",
