@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +192,29 @@ class Fleet:
 
 def error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+
+
+def serving(home: Fleet, *extra: str) -> Iterator[tuple[str, Fleet]]:
+    """`gpufleet server --port 0` with the fleet's home (and `extra` options): its URL and
+    the fleet, until the generator is closed; then the server is stopped."""
+    home.home.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([*CLI, "server", "--port", "0", *extra], env=home.env(), cwd=home.cwd,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    url = None
+    deadline = time.monotonic() + 60
+    assert proc.stderr is not None
+    while time.monotonic() < deadline and url is None:
+        line = proc.stderr.readline()
+        found = re.search(r"gpufleet server on (http://\S+)", line)
+        if found:
+            url = found.group(1)
+        elif not line and proc.poll() is not None:
+            break
+    assert url, f"the server did not start ({proc.poll()})"
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
+    try:
+        yield url, home
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -5,10 +5,7 @@ devices back; refusals are the API's one-line errors."""
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
-import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from fleet_helpers import CLI, Fleet
+from fleet_helpers import Fleet, serving
 
 Call = Callable[..., tuple[int, Any]]
 
@@ -28,26 +25,7 @@ def sim_server(make_fleet: Callable[[str, int], Fleet]) -> Iterator[tuple[str, F
     home = make_fleet("server", 2)
     home.home.mkdir(parents=True)
     home.ok("pool", "add", "sim", "--shape", "4xH100-SXM:8:infiniband")
-    proc = subprocess.Popen([*CLI, "server", "--port", "0"], env=home.env(), cwd=home.cwd,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    url = None
-    deadline = time.monotonic() + 60
-    assert proc.stderr is not None
-    while time.monotonic() < deadline and url is None:
-        line = proc.stderr.readline()
-        found = re.search(r"gpufleet server on (http://\S+)", line)
-        if found:
-            url = found.group(1)
-        elif not line and proc.poll() is not None:
-            break
-    assert url, f"the server did not start ({proc.poll()})"
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
-    try:
-        yield url, home
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    yield from serving(home)
 
 
 def caller(url: str, token: str | None) -> Call:

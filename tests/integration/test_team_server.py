@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import re
 import subprocess
 import threading
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_helpers import CLI, WORKERS, Fleet, _base_env, error_lines
+from fleet_helpers import CLI, WORKERS, Fleet, _base_env, error_lines, serving
 from test_queue import max_overlap, wait_all_ended
 from test_store_backends import pg_database  # noqa: F401 (a fixture)
 
@@ -28,30 +27,6 @@ GATED = str(WORKERS / "gated.py")
 def server(make_fleet: Callable[[str, int], Fleet]) -> Iterator[tuple[str, Fleet]]:
     """`gpufleet server` on a free loopback port, its state in the fleet's home."""
     yield from serving(make_fleet("server", 2))
-
-
-def serving(home: Fleet, *extra: str) -> Iterator[tuple[str, Fleet]]:
-    home.home.mkdir(parents=True)
-    proc = subprocess.Popen([*CLI, "server", "--port", "0", *extra], env=home.env(), cwd=home.cwd,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    url = None
-    deadline = time.monotonic() + 60
-    assert proc.stderr is not None
-    while time.monotonic() < deadline and url is None:
-        line = proc.stderr.readline()
-        found = re.search(r"gpufleet server on (http://\S+)", line)
-        if found:
-            url = found.group(1)
-        elif not line and proc.poll() is not None:
-            break
-    assert url, f"the server did not start ({proc.poll()})"
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
-    try:
-        yield url, home
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def as_user(fleet: Fleet, url: str, token: str) -> Callable[..., subprocess.CompletedProcess[str]]:
