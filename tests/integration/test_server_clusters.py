@@ -119,6 +119,15 @@ def test_two_users_share_a_sim_pool_through_the_api(sim_server: tuple[str, Fleet
     status, again = bob("POST", "/api/v1/clusters", {"spec": {"gpu": "H100", "count": 8}})
     assert status == 200, again
     assert devices(again) == devices(made[eight])  # the freed node, whole
+    # launched clusters count against the team's quota: ml holds 30 - 8 + 8 = 30 H100 now
+    status, _ = admin("PUT", "/api/v1/admin/quotas", {"team": "ml", "gpu": "H100",
+                                                      "devices": 31})
+    assert status == 200
+    one_line_error(*alice("POST", "/api/v1/clusters", {"spec": {"gpu": "H100", "count": 2}}),
+                   409, "team ml's quota is 31 x H100-SXM at once and 30 are in use")
+    status, _ = admin("PUT", "/api/v1/admin/quotas", {"team": "ml", "gpu": "H100",
+                                                      "devices": None})
+    assert status == 200
 
     with sqlite3.connect(f"file:{srv.home / 'state.db'}?mode=ro", uri=True) as db:
         held = db.execute("SELECT c.name, c.user, count(*) FROM reservations r JOIN clusters c "

@@ -228,3 +228,17 @@ def test_entries_a_dead_server_claimed_but_never_started_are_queued_again(store:
                   job_dir="/x", world_size=1, created_at=0.0, samples=0))
     assert dispatch.requeue_unstarted(store) == ["claimed"]
     assert [e.name for e in queued.waiting(store)] == ["claimed"]
+
+
+def test_an_idle_cluster_a_member_launched_counts_for_the_team(store: Store) -> None:
+    accounts.add_user(store, ADMIN, "ana", "vision", admin=False)
+    nodes = pools.backend_for(None, SLOTS).discover()
+    clusters.launch(store, ClusterSpec.parse({"gpu": "cpu", "count": 1, "name": "mine"}), nodes,
+                    user="ana")
+    clusters.launch(store, ClusterSpec.parse({"gpu": "cpu", "count": 1, "name": "root"}), nodes)
+    idle = [r for r in dispatch.running_now(store) if r.name.startswith("cluster ")]
+    assert [(r.name, r.team, r.count, r.ends_by) for r in idle] == [("cluster mine", "vision", 1,
+                                                                     None)]
+    from gpufleet.lifecycle import teams
+
+    assert teams.in_use(store) == {("vision", "cpu"): 1}

@@ -18,14 +18,14 @@ from sqlalchemy import bindparam, select, update
 from gpufleet.errors import AllocationError, ConflictError, GpufleetError, LimitError
 from gpufleet.lifecycle import accounts, jobs, pools, reconcile, runs, submit
 from gpufleet.lifecycle.queued import limits_now, waiting_of
-from gpufleet.lifecycle.status import JobStatus, QueueStatus
+from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JobStatus, QueueStatus
 from gpufleet.pool.allocate import Allocator
 from gpufleet.sched import admit
 from gpufleet.sched import plan as scheduler
 from gpufleet.sched.model import Plan, Resource, Running, Waiting
 from gpufleet.sched.order import HALF_LIFE_S, Use, recent_gpu_hours
 from gpufleet.spec import ClusterSpec, JobSpec, parse_duration
-from gpufleet.store import Cluster, Job, QueuedJob, Store
+from gpufleet.store import Cluster, Job, QueuedJob, Store, User
 
 USE_WINDOW_S = 7 * HALF_LIFE_S  # older use weighs under 1% in fair share
 
@@ -47,12 +47,23 @@ def _ends_by(j: Job) -> float | None:
 
 
 def running_now(store: Store) -> list[Running]:
+    """Active jobs, and the idle clusters team members launched (they count against the
+    team's quota, as `lifecycle.held` says, and free nothing the plan can foresee)."""
     with store.read() as s:
         found = s.execute(select(Job, Cluster).join(Cluster, Cluster.id == Job.cluster_id)
                           .where(Job.status.in_(jobs.ACTIVE))).all()
-    return [Running(j.name, j.user or "-", j.team, (c.pool or "local", c.gpu), c.count,
-                    j.started_at or j.created_at, _ends_by(j),
-                    c.name if c.for_job != j.name else None) for j, c in found]
+        busy = {c.id for _, c in found}
+        member = {n: t for n, t in s.execute(select(User.name, User.team)) if t is not None}
+        idle = [c for c in s.scalars(select(Cluster).where(Cluster.status.in_(CLUSTER_ACTIVE),
+                                                           Cluster.user.is_not(None)))
+                if c.id not in busy and member.get(c.user or "")]
+    out = [Running(j.name, j.user or "-", j.team, (c.pool or "local", c.gpu), c.count,
+                   j.started_at or j.created_at, _ends_by(j),
+                   c.name if c.for_job != j.name else None) for j, c in found]
+    out += [Running(f"cluster {c.name}", c.user or "-", member[c.user or ""],
+                    (c.pool or "local", c.gpu), c.count, c.started_at or c.created_at, None)
+            for c in idle]
+    return out
 
 
 def recent_use(store: Store, now: float) -> dict[str, float]:

@@ -8,7 +8,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.errors import ConflictError, LimitError, NotFoundError, SpecError
@@ -82,10 +82,10 @@ def _check_quota(s: Session, team: str, cluster: Cluster) -> None:
     cap = s.scalar(select(Quota.devices).where(Quota.team == team, Quota.gpu == cluster.gpu))
     if cap is None:
         return
-    held = s.scalar(select(func.coalesce(func.sum(Cluster.count), 0))
-                    .join(Job, Job.cluster_id == Cluster.id)
-                    .where(Job.team == team, Job.status.in_(ACTIVE), Cluster.gpu == cluster.gpu))
-    if int(held or 0) + cluster.count > cap:
+    from gpufleet.lifecycle import held as holding
+
+    held = holding.by_team(s, exclude=cluster.id).get((team, cluster.gpu), 0)
+    if held + cluster.count > cap:
         raise LimitError(f"limits: team {team}'s quota is {cap} x {cluster.gpu} at once and "
                          f"{held} are in use")
 

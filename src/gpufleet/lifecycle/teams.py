@@ -8,22 +8,15 @@ from typing import Any
 from sqlalchemy import select
 
 from gpufleet.errors import NotFoundError
-from gpufleet.lifecycle import accounts, ledger
-from gpufleet.lifecycle.status import JOB_ACTIVE
-from gpufleet.store import Cluster, Job, Quota, Store, Team, User
+from gpufleet.lifecycle import accounts, held, ledger
+from gpufleet.store import Quota, Store, Team, User
 
 
 def in_use(store: Store) -> dict[tuple[str, str], int]:
-    """Devices each team's running jobs hold, by GPU type."""
-    out: dict[tuple[str, str], int] = {}
+    """Devices each team holds, by GPU type: its running jobs' clusters and the clusters its
+    members launched (`lifecycle.held`)."""
     with store.read() as s:
-        for team, gpu, count in s.execute(
-                select(Job.team, Cluster.gpu, Cluster.count)
-                .join(Cluster, Cluster.id == Job.cluster_id)
-                .where(Job.status.in_(JOB_ACTIVE), Job.team.is_not(None))):
-            if team is not None:
-                out[(team, gpu)] = out.get((team, gpu), 0) + count
-    return out
+        return held.by_team(s)
 
 
 def team_names(store: Store) -> list[str]:

@@ -17,8 +17,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpufleet.errors import ConflictError, ForbiddenError, NotFoundError
-from gpufleet.lifecycle import accounts, clusters, runs
+from gpufleet.errors import ConflictError, ForbiddenError, LimitError, NotFoundError
+from gpufleet.lifecycle import accounts, clusters, held, runs
 from gpufleet.lifecycle.provision import provision, with_pool
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Store
@@ -52,6 +52,13 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
         spec = ClusterSpec.parse(with_pool(store, body.spec))
 
         def audited(s: Session, c: Cluster) -> None:  # in the launch's own transaction
+            if me.team is not None:  # a launched cluster counts against the team's quota
+                s.flush()
+                cap = accounts.quotas(s).get((me.team, c.gpu))
+                holds = held.by_team(s).get((me.team, c.gpu), 0)
+                if cap is not None and holds > cap:
+                    raise LimitError(f"limits: team {me.team}'s quota is {cap} x {c.gpu} at "
+                                     f"once and {holds - c.count} are in use")
             accounts.audit(s, me, "launch", c.name, f"{c.count} x {c.gpu} on {c.pool or 'local'}")
 
         # no one to show a quote to: what it reserves is the caller's (simulated: billed nothing)
