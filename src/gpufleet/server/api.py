@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,12 +28,11 @@ from gpufleet.errors import (
     NotFoundError,
     StateError,
 )
-from gpufleet.lifecycle import accounts, jobs, ledger, listing, queued, reconcile, runs, teams
+from gpufleet.lifecycle import accounts, jobs, listing, queued, reconcile, runs
 from gpufleet.lifecycle.accounts import Identity
 from gpufleet.lifecycle.status import JobStatus
-from gpufleet.server import API_VERSION, api_clusters
+from gpufleet.server import API_VERSION, api_admin, api_clusters
 from gpufleet.server.loop import Loop
-from gpufleet.spec import parse_duration
 from gpufleet.store import Store
 from gpufleet.web import auth
 
@@ -59,24 +58,6 @@ class JobIn(BaseModel):
     spec: dict[str, Any]
     queue: bool = True
     cpu_slots: int | None = Field(None, ge=1, le=1024)
-
-
-class UserIn(BaseModel):
-    name: str
-    team: str | None = None
-    admin: bool = False
-
-
-class QuotaIn(BaseModel):
-    team: str
-    gpu: str
-    devices: int | None = Field(..., ge=0, le=1_000_000)
-
-
-class BudgetIn(BaseModel):
-    team: str
-    usd: float | None
-    month: str | None = None
 
 
 def _status(exc: GpufleetError) -> int:
@@ -147,6 +128,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
     ctx = Ctx(store, who, woke, loop)
     pages.add_routes(app, ctx)
     api_clusters.add_routes(app, ctx)
+    api_admin.add_routes(app, ctx)
 
     @app.get("/api/v1/version")
     def version() -> dict[str, Any]:
@@ -270,71 +252,4 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
                 "more": max(0, offset) + len(text) < size, "active": j.status in jobs.ACTIVE,
                 "status": j.status, "reason": j.reason}
 
-    @app.get("/api/v1/usage")
-    def usage(request: Request, by: str = "user", since: str = "30d",
-              user: str | None = None, team: str | None = None) -> dict[str, Any]:
-        me = who(request)
-        if by not in ledger.GROUPS:
-            raise_spec("by", f"'{by}' is not a grouping; allowed: {', '.join(ledger.GROUPS)}")
-        try:
-            start = time.time() - parse_duration(since)
-        except ValueError as exc:
-            raise_spec("since", str(exc))
-        if not me.admin:
-            if user not in (None, me.user) or team not in (None, me.team):
-                raise ForbiddenError("usage: only an admin may see other users' or teams' usage")
-            user = me.user
-        ledger.accrue(store, time.time())
-        return ledger.usage(ledger.rows(store, start, user, team), by, start)
-
-    @app.post("/api/v1/admin/users")
-    def add_user(body: UserIn, request: Request) -> dict[str, Any]:
-        token = accounts.add_user(store, who(request), body.name, body.team, body.admin)
-        return {"name": body.name, "team": body.team, "admin": body.admin, "token": token}
-
-    @app.get("/api/v1/admin/users")
-    def list_users(request: Request) -> list[dict[str, Any]]:
-        accounts.require_admin(who(request), "admin user list")
-        return accounts.users(store)
-
-    @app.delete("/api/v1/admin/users/{name}")
-    def remove_user(name: str, request: Request) -> dict[str, Any]:
-        accounts.remove_user(store, who(request), name)
-        return {"removed": name}
-
-    @app.put("/api/v1/admin/quotas")
-    def set_quota(body: QuotaIn, request: Request) -> dict[str, Any]:
-        accounts.set_quota(store, who(request), body.team, body.gpu, body.devices)
-        woke()
-        return teams.team_view(store, body.team, time.time())
-
-    @app.put("/api/v1/admin/budgets")
-    def set_budget(body: BudgetIn, request: Request) -> dict[str, Any]:
-        accounts.set_budget(store, who(request), body.team, body.usd, body.month, time.time())
-        woke()
-        return teams.team_view(store, body.team, time.time())
-
-    @app.get("/api/v1/admin/teams")
-    def list_teams(request: Request) -> list[dict[str, Any]]:
-        me = who(request)
-        now = time.time()
-        return [teams.team_view(store, t, now) for t in teams.team_names(store)
-                if me.admin or t == me.team]
-
-    @app.get("/api/v1/admin/audit")
-    def audit(request: Request, since: str = "30d", user: str | None = None
-              ) -> list[dict[str, Any]]:
-        accounts.require_admin(who(request), "admin audit")
-        try:
-            start = time.time() - parse_duration(since)
-        except ValueError as exc:
-            raise_spec("since", str(exc))
-        return accounts.audit_log(store, start, user)
-
     return app
-
-
-def raise_spec(field: str, message: str) -> NoReturn:
-    from gpufleet.errors import SpecError
-
-    raise SpecError([(field, message)])
