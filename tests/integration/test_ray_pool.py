@@ -258,7 +258,12 @@ def test_launch_gang_allocates_whole_nodes_and_refuses_with_the_reason(rfleet: F
         assert r.returncode == 2 and len(error_lines(r.stderr)) == 1, (args, r.stderr)
         assert text in r.stderr, (args, r.stderr)
     rfleet.ok("stop", "big")
-    assert all(n["free"] == PER_NODE for n in _nodes(rfleet) if n["node"] in used)
+    # the stop frees big's nodes in the store at once; a node Ray itself reports not alive at
+    # this moment (a raylet missing its health checks on a loaded machine) shows nothing free,
+    # which is Ray's word, not a hold: CI once saw that here
+    after = [n for n in _nodes(rfleet) if n["node"] in used]
+    assert after and all(not n["held_by"] for n in after), after
+    assert all(n["free"] == PER_NODE for n in after if n["health"] == "ok"), after
 
 
 # ------------------------------------------------------------------------------ jobs
