@@ -1,11 +1,18 @@
-"""Time to first step on 2 Ray nodes: `gpufleet run` against Ray Train's TorchTrainer, same cluster.
+"""Time to first step on 2 nodes: `gpufleet run` against Ray Train (Ray) or a hand-written sbatch (Slurm).
 
-    .venv/bin/python bench/multinode_launch.py [--reps 3] [--steps 5]
+    .venv/bin/python bench/multinode_launch.py [--engine ray|slurm] [--reps 3] [--steps 5]
 
-What it measures, and why: how long a user waits from starting a multi-node job until training
-has done its first step, when gpufleet drives the Ray cluster (a `NodeAgent` actor per node, each
-starting that node's torchrun, see src/gpufleet/backends/ray_run.py) and when Ray Train does
-(`TorchTrainer` workers, Ray's own process-group set-up). Both run examples/gpt.py unchanged
+`--engine ray` (the default) compares gpufleet with Ray Train's TorchTrainer on one Ray cluster,
+as described below. `--engine slurm` compares `gpufleet run --gpu H100 --count 2 --nodes 2` on a
+Slurm partition (a new allocation per run) with a hand-written `sbatch --wait` script that runs
+the same torchrun with `srun`, on a test Slurm of 2 nodes on loopback; that side lives in
+bench/slurm_launch.py, whose docstring says what it measures. Both engines print the same kind
+of markdown table of medians and ratios.
+
+Ray: what it measures, and why: how long a user waits from starting a multi-node job until
+training has done its first step, when gpufleet drives the Ray cluster (a `NodeAgent` actor per
+node, each starting that node's torchrun, see src/gpufleet/backends/ray_run.py) and when Ray
+Train does (`TorchTrainer` workers, Ray's own process-group set-up). Both run examples/gpt.py unchanged
 (`--steps N --checkpoint-every 0`) as 4 gloo workers on 2 nodes of one real multi-raylet Ray
 cluster on loopback (`gpufleet pool up --local --nodes 3 --gpus-per-node 2`, simulated H100s
 that run as CPU workers).
@@ -202,9 +209,12 @@ def med(rows: list[dict[str, Any]], key: str) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", choices=("ray", "slurm"), default="ray",
+                    help="ray: against Ray Train's TorchTrainer; slurm: against a hand-written sbatch "
+                    "(bench/slurm_launch.py)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--pool-name", default=f"benchml-{os.getpid()}")
+    ap.add_argument("--pool-name", default=f"benchml-{os.getpid()}", help="ray: the local Ray pool's name")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     ap.add_argument("--logs", type=Path, help="keep each launcher's output here, lines stamped with "
                     "seconds since its start")
@@ -215,6 +225,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.ray_train_driver:
         sys.exit(ray_train_driver(args.ray_train_driver, args.storage, args.run_name, args.script_args))
+    if args.engine == "slurm":
+        import slurm_launch
+
+        slurm_launch.run(args)
+        return
 
     results: dict[str, list[dict[str, Any]]] = {"gpufleet": [], "ray_train": []}
     left: list[str] = []

@@ -123,6 +123,15 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def positive_duration(v: Any) -> str | None:
+    """A time limit: None, or a duration longer than zero."""
+    if v is None:
+        return None
+    if parse_duration(v) <= 0:
+        raise ValueError("must be longer than 0s, e.g. 30m or 2h")
+    return str(v)
+
+
 class ClusterSpec(_Spec):
     """A homogeneous cluster: `count` devices of one GPU type over `nodes` nodes."""
 
@@ -135,11 +144,23 @@ class ClusterSpec(_Spec):
     backend: Kind = "local"
     pool: str | None = None  # a named pool (gpufleet pool list); None: the default pool
     price_book: str | None = None
+    # how long the cluster may hold its nodes: an engine that allocates (Slurm) is asked for
+    # exactly this (sbatch --time); None: the partition's own limit
+    time_limit: str | None = None
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
         return None if v is None else check_name(v, "cluster")
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time_limit(cls, v: Any) -> str | None:
+        return positive_duration(v)
+
+    @property
+    def time_limit_s(self) -> float | None:
+        return None if self.time_limit is None else parse_duration(self.time_limit)
 
     @field_validator("gpu", mode="before")
     @classmethod
@@ -354,11 +375,7 @@ class JobSpec(_Spec):
     @field_validator("time_limit", mode="before")
     @classmethod
     def _time_limit(cls, v: Any) -> str | None:
-        if v is None:
-            return None
-        if parse_duration(v) <= 0:
-            raise ValueError("must be longer than 0s, e.g. 30m or 2h")
-        return str(v)
+        return positive_duration(v)
 
     @property
     def time_limit_s(self) -> float | None:

@@ -139,7 +139,7 @@ def test_pool_list_shows_every_node_from_ray_resources_and_labels(rfleet: Fleet,
 def test_pool_add_refuses_bad_input_with_one_line(fleet: Fleet) -> None:
     for args, field in ((["pool", "add", "ray", "--address", "nohost"], "address"),
                         (["pool", "add", "ray"], "address"),
-                        (["pool", "add", "slurm"], "kind"),
+                        (["pool", "add", "kubernetes"], "kind"),
                         (["pool", "up", "--local", "--nodes", "0"], "nodes"),
                         (["pool", "up", "--nodes", "2"], "local"),
                         (["pool", "use", "nope"], "pool"),

@@ -48,6 +48,7 @@ class RunRequest:
     survive_env: dict[str, str]  # checkpoint folder, control file, run number, grad accumulation
     cluster_name: str
     cluster_devices: int  # devices the cluster holds in all (host memory is shared by slots)
+    engine_ref: str = ""  # the cluster's allocation in an allocating engine (a Slurm job id)
 
 
 @dataclass(frozen=True)

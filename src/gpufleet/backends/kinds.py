@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["local", "ray", "sim"]
-KINDS: tuple[Kind, ...] = ("local", "ray", "sim")
+Kind = Literal["local", "ray", "sim", "slurm"]
+KINDS: tuple[Kind, ...] = ("local", "ray", "sim", "slurm")
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,9 @@ class Capabilities:
     ssh: bool  # `gpufleet ssh` reaches a shell on its nodes
     simulated: bool  # declared devices: plan and reserve only, no processes run
     samples_devices: bool  # the supervisor samples devices itself (else node agents report)
+    # the engine grants the nodes (one allocation per cluster, waited for while it queues);
+    # gpufleet's own reservations then record what it granted, and it is released on stop
+    allocates: bool = False
 
     @property
     def runs_jobs(self) -> bool:
@@ -40,6 +43,8 @@ CAPABILITIES: Mapping[Kind, Capabilities] = {
                         simulated=False, samples_devices=False),
     "sim": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=False,
                         simulated=True, samples_devices=False),
+    "slurm": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=True,
+                          simulated=False, samples_devices=False, allocates=True),
 }
 
 

@@ -29,7 +29,7 @@ import psutil
 
 from gpufleet import catalog
 from gpufleet.backends.base import Handle, Prepared, RunRequest
-from gpufleet.backends.exits import NODE_LOST_EXIT
+from gpufleet.backends.exits import lost_line, take_lost
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
 from gpufleet.backends.local import LocalBackend, free_port
 from gpufleet.backends.ray_auth import auth_env, use_here
@@ -165,9 +165,7 @@ class RayBackend:
 
     def node_lost(self, code: int, lines: list[str]) -> str | None:
         """The driver exits NODE_LOST_EXIT after a line `NodeLostError: ...`."""
-        if code != NODE_LOST_EXIT:
-            return None
-        return next((ln for ln in reversed(lines) if ln.startswith("NodeLostError")), None)
+        return lost_line(code, lines)
 
     def report_host(self) -> str:
         """Loopback, unless the job's nodes are other machines, which reach us at the address
@@ -208,13 +206,7 @@ class RayBackend:
 
     def lost_nodes(self, job_dir: Path) -> set[str]:
         """The nodes the driver named lost (Ray may not have marked them dead yet)."""
-        lost_file = (job_dir / PLAN_FILE).with_suffix(".lost")
-        try:
-            lost = {str(n) for n in json.loads(lost_file.read_text())}
-            lost_file.unlink()
-        except (OSError, ValueError, TypeError):
-            return set()
-        return lost
+        return take_lost(job_dir / PLAN_FILE)
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
         return self.procs.start(argv, auth_env(env, self.token_path), cwd)

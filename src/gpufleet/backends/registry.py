@@ -42,4 +42,10 @@ def open_backend(kind: str, pool: str, address: str | None, settings_json: str |
         if address is None:
             raise ValueError(f"pool {pool}: a Ray pool without an address")
         return RayBackend(pool, address, token_path)
+    if kind == "slurm":
+        from gpufleet.backends.slurm import SlurmBackend
+
+        settings = json.loads(settings_json or "{}")
+        return SlurmBackend(pool, settings.get("partition"), settings.get("account"),
+                            settings.get("slurm_conf"))
     raise ValueError(f"pool {pool}: unknown backend kind {kind!r}")

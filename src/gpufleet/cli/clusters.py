@@ -24,6 +24,7 @@ from gpufleet.cli.options import (
     PoolOpt,
     PriceBook,
     Yes,
+    default,
 )
 from gpufleet.errors import SpecError
 from gpufleet.server.seg import seg
@@ -48,10 +49,16 @@ def launch(
     price_book: PriceBook = None,
     file: ClusterYaml = None,
     cpu_slots: CpuSlots = None,
+    time_limit: Annotated[str | None, typer.Option(
+        "--time-limit", help="How long the cluster may hold its nodes, e.g. 2h (a Slurm pool "
+        "asks sbatch --time for it)." + default("the pool's own limit"))] = None,
     yes: Yes = False,
     as_json: Json = False,
 ) -> None:
-    """Carve a homogeneous cluster out of the pool: shows a quote, then reserves devices."""
+    """Carve a homogeneous cluster out of the pool: shows a quote, then reserves devices.
+
+    On a Slurm pool the cluster is one Slurm allocation: the request waits in Slurm's queue,
+    with Slurm's pending reason shown, and one it can never satisfy is refused at once."""
     from gpufleet.lifecycle import clusters
     from gpufleet.lifecycle.provision import backend_of, provision, with_pool
     from gpufleet.spec import ClusterSpec, load_yaml
@@ -59,7 +66,8 @@ def launch(
 
     data: dict[str, Any] = load_yaml(file) if file else {}
     flags = {"gpu": gpu, "count": count, "network": network, "disk": disk, "name": name,
-             "nodes": nodes, "backend": backend, "pool": pool, "price_book": price_book}
+             "nodes": nodes, "backend": backend, "pool": pool, "price_book": price_book,
+             "time_limit": time_limit}
     merged = {**data, **{k: v for k, v in flags.items() if v is not None}}
     client = remote()
     if client is not None:  # the server checks it against its own pools
@@ -182,7 +190,8 @@ def ssh(
     """A shell on a cluster node with its devices and environment (`-- CMD`: one command).
 
     On this machine (the local pool, a local Ray pool) a shell here with the node's settings;
-    on another machine of a Ray pool, `ssh` to its address."""
+    on another machine of a Ray pool, `ssh` to its address; on a Slurm pool, `srun --pty`
+    into the node inside the cluster's allocation."""
     raise typer.Exit(_call(name, list(ctx.args), None))
 
 

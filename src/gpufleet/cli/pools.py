@@ -1,7 +1,9 @@
-"""`pool ...`: the pools clusters are carved from (this host, Ray clusters, synthetic pools)."""
+"""`pool ...`: the pools clusters are carved from (this host, Ray clusters, Slurm partitions,
+synthetic pools)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,14 +13,15 @@ import typer
 from gpufleet.cli.app import COMMAND, app, err, group, out, print_json, store
 from gpufleet.cli.options import Json, NoDefault, default
 
-pool_app = group("Pools of nodes: this host, Ray clusters, synthetic pools.")
+pool_app = group("Pools of nodes: this host, Ray clusters, Slurm partitions, synthetic pools.")
 app.add_typer(pool_app, name="pool")
 LIST_NODES_UP_TO = 64  # larger pools are listed as groups of alike nodes
 
 
 @pool_app.command("add", cls=COMMAND)
 def pool_add(
-    kind: Annotated[str, typer.Argument(help="ray (an existing Ray cluster) or sim (synthetic).")],
+    kind: Annotated[str, typer.Argument(
+        help="ray (an existing Ray cluster), slurm (a Slurm partition) or sim (synthetic).")],
     address: Annotated[str | None, typer.Option(
         "--address", help="ray: the head's HOST:PORT (as for `ray start --address`).")] = None,
     shape: Annotated[list[str] | None, typer.Option(
@@ -28,13 +31,22 @@ def pool_add(
         "--token-file", help="ray: the cluster's auth token (`ray get-auth-token` on the head) "
         "(else $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); a copy is "
         "kept with the pool.")] = None,
+    partition: Annotated[str | None, typer.Option(
+        "--partition", help="slurm: the partition to allocate from." + default(
+            "the cluster's default partition"))] = None,
+    account: Annotated[str | None, typer.Option(
+        "--account", help="slurm: the account jobs are charged to (sbatch --account).")] = None,
     no_default: NoDefault = False,
 ) -> None:
-    """Register a pool; it becomes the default for launch and run unless --no-default."""
+    """Register a pool; it becomes the default for launch and run unless --no-default.
+
+    slurm: a Slurm cluster reached with this machine's client commands (sinfo, scontrol,
+    sbatch, srun, scancel, squeue) and $SLURM_CONF; each gpufleet cluster is one allocation."""
     from gpufleet.lifecycle import pool_setup
 
     pool_setup.check_kind(kind)  # before the store is opened
-    added = pool_setup.add(store(), kind, name, address, shape or [], token_file, not no_default)
+    added = pool_setup.add(store(), kind, name, address, shape or [], token_file, not no_default,
+                           partition, account)
     out.print(f"Pool [bold]{added.name}[/]: {added.summary}.")
     if not no_default:
         out.print("It is now the default pool (back to this host: gpufleet pool use local).")
@@ -111,7 +123,7 @@ def _pool_rows(name: str | None) -> tuple[str, list[tuple[str, str, str, list[di
     for p in chosen:
         pname = p.name if p else pools.LOCAL
         kind = p.kind if p else "local"
-        where = (p.address or "simulated") if p else "this host"
+        where = _where(p) if p else "this host"
         try:
             nodes = pools.backend_for(p).discover()
         except GpufleetError as exc:
@@ -122,13 +134,21 @@ def _pool_rows(name: str | None) -> tuple[str, list[tuple[str, str, str, list[di
     return pools.default_name(st), rows
 
 
+def _where(p: Any) -> str:
+    if p.kind == "slurm":
+        return f"partition {json.loads(p.spec_json or '{}').get('partition', '(default)')}"
+    return str(p.address or "simulated")
+
+
 @pool_app.command("list", cls=COMMAND)
 def pool_list(
     name: Annotated[str | None, typer.Argument(help="One pool." + default("every pool"))] = None,
     as_json: Json = False,
 ) -> None:
     """Each pool's nodes: GPU type, devices, free, memory, fabric, network and health (a node
-    that left a Ray cluster shows as lost; simulated devices are marked)."""
+    that left a Ray cluster, or that Slurm marks down or drained, shows as lost; a Slurm node
+    shows Slurm's state, and its GPUs other Slurm jobs hold are not free; simulated devices
+    are marked)."""
     from rich.table import Table
 
     from gpufleet.lifecycle import pools
@@ -149,14 +169,16 @@ def pool_list(
             continue
         if len(rows) > LIST_NODES_UP_TO:
             rows = pools.grouped(rows)
+        states = any(r.get("state") for r in rows)  # an engine that has its own word (Slurm)
         for col in ("NODE", "ADDRESS", "GPU", "DEVICES", "FREE", "MEMORY", "FABRIC", "NETWORK",
-                    "HEALTH", "HELD BY"):
+                    *(["STATE"] if states else []), "HEALTH", "HELD BY"):
             t.add_column(col, justify="right" if col in ("DEVICES", "FREE", "MEMORY") else "left")
         for r in rows:
             t.add_row(r["node"], r["address"], r["gpu"] + (" (simulated)" if r["simulated"] else ""),
                       str(r["count"]), str(r["free"]),
                       f"{r['memory_gb']:g} GB" if r["memory_gb"] else "-", r["fabric"],
-                      r["network"], r["health"], ", ".join(r["held_by"]) or "-")
+                      r["network"], *([r.get("state") or "-"] if states else []), r["health"],
+                      ", ".join(r["held_by"]) or "-")
         if any(r["simulated"] for r in rows):
             t.caption = "simulated: declared for tests and planning; runs as CPU workers, never billed"
         out.print(t)

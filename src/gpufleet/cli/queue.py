@@ -56,7 +56,10 @@ def _table(rows: list[dict[str, Any]], now: float) -> Any:
             _age(r.get("started_at"), now)
         if queued and r.get("est_start") is None:
             start = (f"#{r['position']} " if r.get("position") else "") + "?"
-        t.add_row(r["name"], r.get("user") or "-", r["status"],
+        status = r["status"]
+        if r.get("slurm"):  # Slurm's own state of the allocation (squeue)
+            status += f" (Slurm {r['slurm']['id']}: {r['slurm']['state'].lower()})"
+        t.add_row(r["name"], r.get("user") or "-", status,
                   "-" if r.get("priority") is None else str(r["priority"]),
                   f"{r['count']} x {r['gpu']}", _age(r.get("submitted_at"), now), start,
                   ui.usd(r.get("cost_usd") or 0.0), r.get("reason") or "")
@@ -70,7 +73,8 @@ def jobs(
     as_json: Json = False,
 ) -> None:
     """Queued, running and ended jobs: each queued one with its place, estimated start and why
-    it waits."""
+    it waits. On a Slurm pool, Slurm's own state of each job's allocation, and the allocations
+    still pending in Slurm's queue with Slurm's reason."""
     now = time.time()
     client = remote()
     if client is not None:
@@ -84,6 +88,9 @@ def jobs(
         if queued.waiting(st) and local.running(gpufleet_home()) is None:
             local.ensure(gpufleet_home())  # queued jobs, no one to start them: a server again
         rows = listing.table(st, accounts.local_identity(st), now, every=all_, user=user)
+        from gpufleet.lifecycle import engine_alloc
+
+        rows = engine_alloc.queue_rows(st, rows, now)  # Slurm's own state, where a pool is Slurm
     if as_json:
         print_json(rows)
         return

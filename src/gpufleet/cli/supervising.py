@@ -79,6 +79,10 @@ def print_dry_run(dry: DryRun) -> None:
               highlight=False, emoji=False)
     out.print(frameworks.describe(commands, job_dir), markup=False, highlight=False, soft_wrap=True,
               emoji=False)
+    if dry.engine_lines:  # Slurm: the allocation and the step that runs each node's command
+        out.print("# Slurm: the allocation, then one step per node (each runs its node's "
+                  "command above)\n" + "\n".join(dry.engine_lines), markup=False,
+                  highlight=False, soft_wrap=True, emoji=False)
 
 
 def hand_over(st: Store, job: Job, cluster: Cluster, detach: bool,

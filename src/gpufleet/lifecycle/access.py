@@ -2,7 +2,8 @@
 or runs a command there with the node's devices and environment.
 
 On this machine (the local pool, a local Ray pool) that is the command itself with the node's
-settings; on another machine of a Ray pool, `ssh` to its address with the same settings.
+settings; on another machine of a Ray pool, `ssh` to its address with the same settings; on a
+Slurm pool, `srun --pty` into the node, as a step of the cluster's own allocation.
 """
 
 from __future__ import annotations
@@ -84,6 +85,15 @@ def invocation(store: Store, name: str, command: list[str], cwd: Path | None) ->
     preset, address = node_preset(store, cluster, node)
     argv = command or [os.environ.get("SHELL") or "/bin/bash"]
     env = merge_env(dict(os.environ), preset, {})
+    if capabilities(cluster.backend).allocates:  # a step inside the cluster's allocation
+        from gpufleet.backends import slurm_cmds
+        from gpufleet.lifecycle import engine_alloc
+
+        engine = engine_alloc.pool_backend(store, cluster.pool)
+        node_id = clusters.placements(store, cluster)[node].node_id
+        return Invocation(slurm_cmds.shell(cluster.engine_ref or "", node_id, argv),
+                          engine.env(env) if engine is not None else env,
+                          cwd or Path(cluster.scratch_dir))
     if not is_here(address):  # another machine of a Ray pool: over ssh, with the same settings
         remote = ["env", *(f"{k}={v}" for k, v in sorted(preset.items())), *argv]
         argv, env = ["ssh", "-t", address, shlex.join(remote)], dict(os.environ)

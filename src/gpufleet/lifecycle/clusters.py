@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
-from gpufleet.lifecycle import owners, pool_index
+from gpufleet.lifecycle import engine_alloc, owners, pool_index
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, ClusterStatus
 from gpufleet.plan import cost
 from gpufleet.pool.allocate import allocate, free_devices
@@ -114,6 +115,9 @@ def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node],
                             f"name or stop it first (gpufleet stop {name})")
     if capabilities(spec.backend).this_host:
         return allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, held(s))
+    if capabilities(spec.backend).allocates:  # the engine decides: `nodes` is what it granted
+        return allocate(spec.gpu, spec.count, spec.node_count, spec.network, nodes, {}, {},
+                        whole=spec.node_count > 1)
     if pool is None:
         return allocate(spec.gpu, spec.count, spec.nodes, spec.network, nodes, held(s, pool),
                         held_whole(s, pool), price=_price)
@@ -133,9 +137,11 @@ def check(store: Store, spec: ClusterSpec, nodes: list[Node], pool: str | None =
 
 def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | None = None,
            pool: str | None = None, user: str | None = None,
-           then: Callable[[Session, Cluster], None] | None = None) -> Cluster:
+           then: Callable[[Session, Cluster], None] | None = None,
+           engine_ref: str | None = None) -> Cluster:
     """Allocate devices and record the cluster, all in one serialized write transaction
-    (`then`: more for that transaction to write, such as the server's audit event).
+    (`then`: more for that transaction to write, such as the server's audit event;
+    `engine_ref`: the engine's allocation that granted `nodes`, released on stop).
 
     Names are unique among running clusters; a stopped cluster keeps its name in the history.
     """
@@ -157,7 +163,7 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
             scratch_dir=str(scratch_root / name),
             spec_json=spec.model_dump_json(), for_job=for_job, pool=pool,
             simulated=q.simulated, owner_pid=owner.pid if owner else None,
-            owner_started=owner.started if owner else None, user=user,
+            owner_started=owner.started if owner else None, user=user, engine_ref=engine_ref,
         )
         s.add(cluster)
         s.flush()
@@ -169,6 +175,14 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
             then(s, cluster)
     Path(cluster.scratch_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
     return cluster
+
+
+def check_name_free(store: Store, name: str) -> None:
+    """The name check `launch` makes, made early (before an engine is asked for nodes)."""
+    with store.read() as s:
+        if _running_named(s, name):
+            raise ConflictError(f"name: a cluster named '{name}' already exists; pick another "
+                                f"name or stop it first (gpufleet stop {name})")
 
 
 def _running_named(s: Session, name: str) -> bool:
@@ -343,8 +357,33 @@ def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: i
             s.delete(r)
         c.status = ClusterStatus.STOPPED
         c.stopped_at = time.time()
+    problem = engine_alloc.release(store, c)  # after the store: a stopped cluster holds nothing
+    if problem:
+        sys.stderr.write(f"gpufleet: cluster {c.name}: {problem}\n")
     shutil.rmtree(c.scratch_dir, ignore_errors=True)
     return c
+
+
+def regrant(store: Store, cluster_id: int, nodes: list[Node], engine_ref: str) -> Cluster:
+    """The cluster now holds what its engine granted anew (`nodes`, each with just its granted
+    devices) under allocation `engine_ref`, in place of everything it held; billed for the new
+    size from now if that changed."""
+    with store.session() as s:
+        c = s.get(Cluster, cluster_id)
+        if c is None or c.status not in ACTIVE:
+            raise ConflictError(f"cluster: {cluster_id} is not running")
+        for r in s.scalars(select(Reservation).where(Reservation.cluster_id == c.id)).all():
+            s.delete(r)
+        s.flush()  # the deletes first: the new grant may hold the same devices again
+        for n in nodes:
+            for d in n.devices:
+                s.add(Reservation(cluster_id=c.id, node_id=n.id, address=n.address,
+                                  device_id=d.id, device_index=d.index, pool=c.pool or "local"))
+        count = sum(len(n.devices) for n in nodes)
+        if count != c.count:
+            _rebill(c, count, time.time())
+        c.nodes, c.count, c.engine_ref = len(nodes), count, engine_ref
+        return c
 
 
 def running_job(store: Store, cluster_id: int) -> Job | None:

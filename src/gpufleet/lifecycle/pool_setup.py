@@ -24,7 +24,7 @@ from gpufleet.store import Pool, Store, gpufleet_home
 if TYPE_CHECKING:
     from gpufleet.backends.ray_local import LocalRay
 
-ADDABLE = ("ray", "sim")  # `pool add KIND`; this host is the built-in pool 'local'
+ADDABLE = ("ray", "slurm", "sim")  # `pool add KIND`; this host is the built-in pool 'local'
 NODE_NETWORKS = ("infiniband", "ethernet")
 
 
@@ -84,10 +84,52 @@ def add_sim(store: Store, name: str | None, address: str | None, shapes: list[st
     return Added(pool_name, nodes, devices, f"simulated, {nodes} nodes, {devices} devices")
 
 
+def add_slurm(store: Store, name: str | None, partition: str | None, account: str | None,
+              make_default: bool) -> Added:
+    """Register a Slurm partition reachable with this machine's Slurm client commands (and its
+    $SLURM_CONF, kept with the pool); no --partition: the cluster's default partition."""
+    from gpufleet.backends.slurm import SlurmBackend
+
+    pool_name = pools.check_name_field(name or "slurm")
+    pools.check_free_name(store, pool_name)
+    conf = os.environ.get("SLURM_CONF") or None
+    probe = SlurmBackend(pool_name, None, account, conf)
+    known = probe.partitions()
+    if partition is None:
+        partition = probe.default_partition()
+        if partition is None:
+            raise SpecError([("partition", "the Slurm cluster has no default partition; give "
+                              f"--partition, one of: {', '.join(known) or 'none'}")])
+    elif partition not in known:
+        raise SpecError([("partition", f"'{partition}' is not a partition of this Slurm "
+                          f"cluster; allowed: {', '.join(known) or 'none'}")])
+    found = SlurmBackend(pool_name, partition, account, conf).discover()
+    settings = {"partition": partition, "account": account, "slurm_conf": conf}
+    pools.add(store, pool_name, "slurm", None, {k: v for k, v in settings.items() if v},
+              make_default)
+    live = [n for n in found if n.healthy]
+    devices = sum(len(n.devices) for n in found)
+    types = ", ".join(sorted({d.gpu for n in found for d in n.devices})) or "no GPUs"
+    return Added(pool_name, len(live), devices,
+                 f"Slurm partition {partition}, {len(found)} node(s) ({len(live)} up), "
+                 f"{devices} GPU(s): {types}")
+
+
 def add(store: Store, kind: str, name: str | None, address: str | None, shapes: list[str],
-        token_file: Path | None, make_default: bool) -> Added:
+        token_file: Path | None, make_default: bool, partition: str | None = None,
+        account: str | None = None) -> Added:
     """`pool add KIND ...`: the kind's own checks and registration."""
-    adder = {"ray": add_ray, "sim": add_sim}[check_kind(kind)]
+    kind = check_kind(kind)
+    given = [f for f, v in (("partition", partition), ("account", account)) if v is not None]
+    if kind == "slurm":
+        wrong = [f for f, v in (("address", address), ("token_file", token_file),
+                                ("shape", shapes or None)) if v is not None]
+        if wrong:
+            raise SpecError([(wrong[0], "a Slurm pool takes --partition and --account only")])
+        return add_slurm(store, name, partition, account, make_default)
+    if given:
+        raise SpecError([(given[0], f"--{given[0]} is for a Slurm pool, not a {kind} pool")])
+    adder = {"ray": add_ray, "sim": add_sim}[kind]
     return adder(store, name, address, shapes, token_file, make_default)
 
 

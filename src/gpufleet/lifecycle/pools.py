@@ -161,7 +161,8 @@ def held_on(store: Store, pool: str | None) -> tuple[dict[tuple[str, str], str],
 def node_rows(nodes: list[Any], held: dict[tuple[str, str], str],
               whole: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """One row per node for `pool list`: what it offers, what is free, who holds the rest (a
-    node held whole by a multi-node cluster has nothing free)."""
+    node held whole by a multi-node cluster has nothing free; a device the engine gave to work
+    outside gpufleet is not free either), and the engine's own word for the node's state."""
     whole = whole or {}
     rows = []
     for n in nodes:
@@ -169,7 +170,7 @@ def node_rows(nodes: list[Any], held: dict[tuple[str, str], str],
         for gpu in kinds:
             devs = [d for d in n.devices if d.gpu == gpu]
             holders = sorted({held[(n.id, d.id)] for d in devs if (n.id, d.id) in held})
-            free = sum(1 for d in devs if d.healthy and (n.id, d.id) not in held)
+            free = sum(1 for d in devs if d.healthy and not d.busy and (n.id, d.id) not in held)
             if n.id in whole:
                 free = 0
                 holders = sorted({*holders, whole[n.id]})
@@ -181,6 +182,7 @@ def node_rows(nodes: list[Any], held: dict[tuple[str, str], str],
                 "health": "ok" if n.healthy and all(d.healthy for d in devs) else
                 ("lost" if not n.healthy else "unhealthy devices"),
                 "simulated": any(d.simulated for d in devs), "held_by": holders,
+                **({"state": n.state} if n.state else {}),
             })
     return rows
 

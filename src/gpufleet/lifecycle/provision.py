@@ -6,14 +6,15 @@ API server can check it against a budget, and both get the same refusals and the
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.orm import Session
 
 from gpufleet.errors import AllocationError
-from gpufleet.lifecycle import clusters, pools, reconcile
+from gpufleet.lifecycle import clusters, engine_alloc, pools, reconcile
 from gpufleet.pool.model import Placement
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Store
@@ -63,13 +64,22 @@ def allocation(store: Store, spec: ClusterSpec,
 
 def provision(store: Store, spec: ClusterSpec, approve: Approve | None,
               cpu_slots: int | None = None, for_job: str | None = None, user: str | None = None,
-              then: Callable[[Session, Cluster], None] | None = None) -> Cluster:
+              then: Callable[[Session, Cluster], None] | None = None,
+              say: engine_alloc.Say | None = None) -> Cluster:
     """Reserve the devices `spec` asks for, after `approve` accepted the quote. A request the
     pool cannot meet is refused before it is quoted. `approve` None: nobody is shown a quote
     (the server), so there is no dry run first; `launch` checks the same in its transaction.
-    `user`: the server's user it is for; `then`: written in the reservation's transaction."""
+    `user`: the server's user it is for; `then`: written in the reservation's transaction.
+    On an engine that allocates (Slurm) the request waits in the engine's queue; `say` hears
+    each change of its pending reason (default: stderr)."""
     pool = pools.resolve(store, spec.pool, spec.backend)
-    nodes = pools.backend_for(pool, cpu_slots).discover()
+    backend = pools.backend_for(pool, cpu_slots)
+    if backend.capabilities.allocates:
+        assert pool is not None
+        return _granted(store, spec, approve, cast(engine_alloc.Allocating, backend), pool.name,
+                        for_job, user, then,
+                        say or _to_stderr)
+    nodes = backend.discover()
     try:
         if approve is not None:
             alloc = clusters.check(store, spec, nodes, pool.name if pool else None)
@@ -83,3 +93,38 @@ def provision(store: Store, spec: ClusterSpec, approve: Approve | None,
             raise
         raise AllocationError(f"{exc} [pool {pool.name}; this host's devices: --pool local, or "
                               "gpufleet pool use local]") from None
+
+
+def _to_stderr(text: str) -> None:
+    sys.stderr.write(f"gpufleet: {text}\n")
+    sys.stderr.flush()
+
+
+def _granted(store: Store, spec: ClusterSpec, approve: Approve | None,
+             backend: engine_alloc.Allocating, pool: str,
+             for_job: str | None, user: str | None,
+             then: Callable[[Session, Cluster], None] | None, say: engine_alloc.Say) -> Cluster:
+    """A cluster the engine allocates: refused at once if the partition could never hold it,
+    quoted, submitted, waited for, then recorded as granted (the allocation is cancelled if
+    recording fails)."""
+    name = spec.name or clusters.new_name("cluster")
+    spec = spec.model_copy(update={"name": name})
+    clusters.check_name_free(store, name)
+    nodes = backend.discover()
+    try:
+        empty = engine_alloc.refuse_impossible(spec.gpu, spec.count, spec.nodes, spec.network,
+                                               nodes, f"partition {backend.partition}")
+    except AllocationError as exc:
+        raise AllocationError(f"{exc} [pool {pool}]") from None
+    if approve is not None:
+        network = clusters.network_of(spec, empty, nodes)
+        approve(Offer(spec, pool, network,
+                      clusters.quote_for(spec, network, clusters.is_simulated(empty))))
+    got = engine_alloc.grant(backend, name, spec.gpu, spec.count, spec.node_count,
+                             spec.network, spec.time_limit_s, say, user or "")
+    try:
+        return clusters.launch(store, spec, got.nodes, for_job=for_job, pool=pool, user=user,
+                               then=then, engine_ref=got.ref)
+    except BaseException:
+        backend.cancel(got.ref)
+        raise

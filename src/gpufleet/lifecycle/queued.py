@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select, update
 
+from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, LimitError, NotFoundError, SpecError
 from gpufleet.lifecycle import accounts, clusters, jobs, pools, submit, teams
 from gpufleet.lifecycle.accounts import Identity
@@ -146,6 +147,8 @@ def _busy(store: Store, spec: JobSpec, cpu_slots: int | None) -> bool:
         row = clusters.get(store, spec.cluster or "")
         return clusters.running_job(store, row.id) is not None
     prow = pools.resolve(store, spec.cluster.pool, spec.cluster.backend)
+    if capabilities(prow.kind if prow else None).allocates:
+        return False  # the engine queues it (Slurm): gpufleet does not queue it again
     nodes = pools.backend_for(prow, cpu_slots).discover()
     try:
         clusters.check(store, spec.cluster, nodes, prow.name if prow else None)

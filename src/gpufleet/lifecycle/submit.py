@@ -23,7 +23,7 @@ from gpufleet.lifecycle.status import JobStatus
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Placement
 from gpufleet.spec import ClusterSpec, JobSpec
-from gpufleet.store import Cluster, Job, Store
+from gpufleet.store import Cluster, Job, Store, gpufleet_home
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class DryRun:
     placements: list[Placement]
     cluster: str
     fabric: str
+    engine_lines: tuple[str, ...] = ()  # an allocating engine's own commands (sbatch, srun)
 
 
 def check_pool_job(spec: JobSpec, kind: str | None, nodes: int) -> None:
@@ -131,6 +132,10 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
         cspec = spec.cluster
         if cspec.name is None:
             cspec = cspec.model_copy(update={"name": clusters.new_name("run")})
+        if cspec.time_limit is None and spec.time_limit_s is not None:
+            # the cluster outlives the job's own limit by the time its stop takes (a last
+            # checkpoint, the clean-up), so the engine never cuts that short
+            cspec = cspec.model_copy(update={"time_limit": f"{spec.time_limit_s + 120:.0f}s"})
         jobs.check_name_free(store, spec.name, from_queue)
         jobs.check_workers(spec, cspec.per_node, cspec.name or "")
         layout = preflight(spec, cspec.gpu, first_world(spec, cspec.count, cspec.name or "",
@@ -138,7 +143,8 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
         check_pool_job(spec, cspec.backend, cspec.nodes or 1)
         if dry_run:
             placements, fabric = allocation(store, cspec, cpu_slots)
-            return DryRun(spec, layout, placements, cspec.name or "", fabric)
+            return DryRun(spec, layout, placements, cspec.name or "", fabric,
+                          engine_lines(store, spec, cspec, None, placements))
         cluster = provision(store, cspec, approve, cpu_slots, for_job=spec.name,
                             user=owner[0] if owner else None)
         try:
@@ -159,8 +165,9 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
         layout = preflight(spec, cluster.gpu, first_world(spec, cluster.count, cluster.name,
                                                           cluster.nodes), dry_run)
         if dry_run:
-            return DryRun(spec, layout, clusters.placements(store, cluster), cluster.name,
-                          cluster.network)
+            found = clusters.placements(store, cluster)
+            return DryRun(spec, layout, found, cluster.name, cluster.network,
+                          engine_lines(store, spec, None, cluster, found))
     world = first_world(spec, cluster.count, cluster.name, cluster.nodes)
     try:
         job = jobs.create(store, spec, cluster, world, owner)
@@ -170,6 +177,27 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
                           cluster_id=cluster.id)
         raise
     return job, cluster
+
+
+def engine_lines(store: Store, spec: JobSpec, cspec: ClusterSpec | None,
+                 cluster: Cluster | None, placements: list[Placement]) -> tuple[str, ...]:
+    """On an engine that allocates (Slurm): the sbatch a new cluster would submit (`cspec`) or
+    the allocation an existing one holds, and the srun step per node; () elsewhere."""
+    from gpufleet.backends.slurm import PLAN_FILE
+    from gpufleet.lifecycle import engine_alloc
+
+    kind = cspec.backend if cspec is not None else cluster.backend if cluster else None
+    if not capabilities(kind).allocates:
+        return ()
+    pool = cspec.pool if cspec is not None else cluster.pool if cluster else None
+    engine = engine_alloc.pool_backend(store, pool)
+    if engine is None:
+        return ()
+    ask = None if cspec is None else engine.ask(
+        cspec.name or "", cspec.gpu, cspec.count, cspec.node_count, cspec.time_limit_s)
+    job_id = cluster.engine_ref if cluster is not None and cluster.engine_ref else "$JOB_ID"
+    plan = gpufleet_home() / "jobs" / (spec.name or "") / PLAN_FILE
+    return tuple(engine.dry_run(ask, job_id, [p.node_id for p in placements], plan))
 
 
 def resume(store: Store, name: str, approve: Approve,

@@ -17,6 +17,7 @@ class Device:
     nvlink_peers: tuple[int, ...] = ()  # indices of GPUs this one reaches over NVLink
     healthy: bool = True
     simulated: bool = False
+    busy: bool = False  # the engine has given it to work outside gpufleet (another Slurm job)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Node:
     free_disk_bytes: int = 0
     healthy: bool = True
     ref: str = ""  # the backend's own name for the node (a Ray node id), for pinning work to it
+    state: str = ""  # the engine's own word for the node (Slurm: idle, mixed, allocated, down)
 
     def fabric_for(self, gpu: str) -> str:
         """CPU slots exchange data through host memory, which we file under pcie (the baseline)."""

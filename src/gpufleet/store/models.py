@@ -55,6 +55,8 @@ class Cluster(Base):
     # the server's user who launched it (POST /api/v1/clusters) or whose job it was made for;
     # None: launched without a server, which only an admin may stop through one
     user: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # the engine's own allocation for the cluster (a Slurm job id), released on stop
+    engine_ref: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Pool(Base):
@@ -65,9 +67,9 @@ class Pool(Base):
 
     id: Mapped[int] = mapped_column(Int64, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
-    kind: Mapped[str] = mapped_column(String(16))  # ray | sim
+    kind: Mapped[str] = mapped_column(String(16))  # ray | sim | slurm
     address: Mapped[str | None] = mapped_column(String(128), nullable=True)  # ray: HOST:PORT
-    spec_json: Mapped[str] = mapped_column(Text, default="{}")  # sim shapes; local Ray settings
+    spec_json: Mapped[str] = mapped_column(Text, default="{}")  # sim shapes; Ray, Slurm settings
     created_at: Mapped[float] = mapped_column(Float)
     is_default: Mapped[bool] = mapped_column(Boolean, default=False)
     managed: Mapped[bool] = mapped_column(Boolean, default=False)  # started by `pool up --local`

@@ -12,13 +12,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gpufleet.backends.base import RunRequest
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import AllocationError, GpufleetError
 from gpufleet.launch.torchrun import JobContext, merge_env
-from gpufleet.lifecycle import clusters, jobs, leftovers
+from gpufleet.lifecycle import clusters, engine_alloc, jobs, leftovers
 from gpufleet.reportauth import KEY_ENV
+from gpufleet.spec import ClusterSpec
 from gpufleet.store import Job
 from gpufleet.supervise import durable, elastic, outcome
 from gpufleet.supervise import events as ev
@@ -26,6 +27,8 @@ from gpufleet.supervise.logs import LogSink
 
 if TYPE_CHECKING:
     from gpufleet.supervise.supervisor import Supervisor
+
+HEAL_WAIT_S = 600.0  # how long a heal waits in Slurm's queue for a new allocation
 
 
 class Effects:
@@ -93,7 +96,8 @@ class Effects:
             spec=spec, layout=spec.layout(action.workers), placements=placements,
             workers=action.workers, ctx=ctx, job_dir=job_dir,
             run_id=f"{sup.job.name}-{action.run}", survive_env=survive,
-            cluster_name=sup.cluster.name, cluster_devices=sup.cluster.count))
+            cluster_name=sup.cluster.name, cluster_devices=sup.cluster.count,
+            engine_ref=sup.cluster.engine_ref or ""))
         # who started the run: `reconcile` ends only this supervisor's leftovers, not a resumed run
         mine = leftovers.identity_env(sup.job.name, sup.job.job_dir, os.getpid())
         # the server's database URL (its password) and a CLI's server token are not the
@@ -145,14 +149,56 @@ class Effects:
         """Replace the nodes the backend says were lost (or unhealthy), or go on without them."""
         sup = self.sup
         lost = sup.backend.lost_nodes(Path(sup.job.job_dir))
-        nodes = [dataclasses.replace(n, healthy=False) if n.id in lost else n
-                 for n in sup.backend.discover()]
-        sup.cluster, notes = clusters.heal(sup.store, sup.cluster, nodes)
+        if sup.backend.capabilities.allocates:
+            notes = self.reallocate(lost)
+        else:
+            nodes = [dataclasses.replace(n, healthy=False) if n.id in lost else n
+                     for n in sup.backend.discover()]
+            sup.cluster, notes = clusters.heal(sup.store, sup.cluster, nodes)
         if sup.spec.workers_per_node is None:
             workers = sup.cluster.count
         else:
             workers = sup.spec.workers_per_node * sup.cluster.nodes
         return ev.Healed(workers, tuple(notes))
+
+    def reallocate(self, lost: set[str]) -> list[str]:
+        """On an engine that allocates (Slurm): give the broken allocation back and ask for the
+        same shape without the lost nodes (a replacement node, at once, rather than Slurm's
+        requeue, which waits out its requeue delay); failing that, for the nodes left."""
+        sup = self.sup
+        c = sup.cluster
+        engine = cast(engine_alloc.Allocating, sup.backend)
+        mine = {p.node_id for p in clusters.placements(sup.store, c)}
+        bad = (lost | {n.id for n in sup.backend.discover() if not n.healthy}) & mine or lost
+        old = c.engine_ref or "?"
+        if c.engine_ref:
+            engine.cancel(c.engine_ref)
+        limit = ClusterSpec.model_validate_json(c.spec_json).time_limit_s
+        left = None if limit is None else max(60.0, limit - (time.time() - (c.started_at or 0)))
+        per = c.count // c.nodes
+        keep = c.nodes - len(bad)
+        shapes = [c.nodes] + ([keep] if 0 < keep < c.nodes else [])
+        for i, want in enumerate(shapes):
+            try:
+                got = engine_alloc.grant(engine, c.name, c.gpu, per * want, want, None,
+                                         left, lambda t: sup.lines.say(f"gpufleet: {t}"),
+                                         c.user or "", exclude=tuple(sorted(bad)),
+                                         deadline_s=HEAL_WAIT_S)
+            except AllocationError as exc:
+                if i + 1 < len(shapes):
+                    continue
+                raise AllocationError(f"node(s) {', '.join(sorted(bad))} lost and Slurm gives "
+                                      f"no new allocation: {exc}") from None
+            try:
+                sup.cluster = clusters.regrant(sup.store, c.id, got.nodes, got.ref)
+            except BaseException:
+                engine.cancel(got.ref)
+                raise
+            fewer = "" if want == c.nodes else f"; going on with {want} node(s)"
+            return [f"node(s) {', '.join(sorted(bad))} lost with Slurm job {old}; new "
+                    f"allocation: Slurm job {got.ref} on {', '.join(n.id for n in got.nodes)} "
+                    f"(replacement nodes, not Slurm's requeue){fewer}"]
+        return []
 
     def resize(self, action: ev.Resize) -> ev.Resized:
         """Change the reservation of a cluster made for this job (a shared one: within it)."""

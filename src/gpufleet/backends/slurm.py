@@ -1,0 +1,238 @@
+"""A Slurm cluster as a pool: nodes from Slurm's node table, each gpufleet cluster one Slurm
+allocation, each run one step per node inside it.
+
+What a node offers is read from what the site already configured for Slurm:
+
+    GRES gpu:TYPE:N        the GPU type (a catalog name: h100, a100, ...) and count
+    feature naming a type  the GPU type, for sites whose GRES is untyped (gpu:8)
+    feature nvlink/nvswitch  how the node's GPUs reach each other (default pcie)
+    feature infiniband/ib  the network to other nodes (default ethernet)
+    feature gpufleet-simulated  the GPUs are declared for tests and run as CPU workers
+    State                  idle, mixed, allocated, drained, down; drained or down is lost
+
+Slurm does the allocating (`capabilities.allocates`): `lifecycle.engine_alloc` asks with
+`sbatch`, waits while Slurm queues it (saying Slurm's pending reason) and records what Slurm
+granted as the cluster's reservation, with the Slurm job id as `engine_ref`; `stop` cancels it.
+A run is `gpufleet.backends.slurm_run`, a local driver that starts one `srun` step per node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from gpufleet.backends import slurm_cmds as cmds
+from gpufleet.backends import slurm_parse as parse
+from gpufleet.backends.base import Handle, Prepared, RunRequest
+from gpufleet.backends.exits import lost_line, take_lost
+from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
+from gpufleet.backends.local import LocalBackend, free_port
+from gpufleet.errors import AllocationError, ConflictError, GpufleetError
+from gpufleet.launch import multinode
+from gpufleet.pool.model import Node
+
+PLAN_FILE = "slurm-plan.json"  # in the job folder; the driver writes the lost nodes beside it
+CLIENT = ("sinfo", "scontrol", "sbatch", "srun", "scancel", "squeue")
+
+
+def is_loopback(address: str) -> bool:
+    return address == "localhost" or address.startswith("127.") or address == "::1"
+
+
+class SlurmBackend:
+    """Slurm through its client commands on this machine (a login node): no daemon of ours
+    runs anywhere but the steps Slurm starts. `slurm_conf`: the SLURM_CONF the pool was added
+    with (None: Slurm's default configuration)."""
+
+    kind: Kind = "slurm"
+    name = "slurm"
+    capabilities: Capabilities = CAPABILITIES["slurm"]
+    pids_here = False  # workers run in Slurm steps; a pid in a report is not ours to inspect
+
+    def __init__(self, pool: str, partition: str | None = None, account: str | None = None,
+                 slurm_conf: str | None = None):
+        self.pool, self.partition, self.account, self.slurm_conf = pool, partition, account, slurm_conf
+        self.procs = LocalBackend(cpu_slots=1)  # the driver is a local process tree
+        self.seen: list[parse.SlurmNode] = []
+
+    # -- talking to Slurm -----------------------------------------------------------------------
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def call(self, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """A Slurm client command; a missing client or a controller that does not answer is
+        one clear line."""
+        if shutil.which(argv[0]) is None:
+            raise ConflictError(f"pool {self.pool}: Slurm's `{argv[0]}` is not on PATH; this "
+                                "machine needs the Slurm client commands (Debian: apt-get "
+                                "install slurm-client)")
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                  env=self.env(), stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise ConflictError(f"pool {self.pool}: `{cmds.line(argv)}` got no answer in "
+                                f"{timeout:.0f} s; is slurmctld up?") from None
+
+    def checked(self, argv: list[str]) -> str:
+        done = self.call(argv)
+        if done.returncode != 0:
+            raise ConflictError(f"pool {self.pool}: {_first(done.stderr) or cmds.line(argv)} "
+                                f"(`{cmds.line(argv)}` exited {done.returncode})")
+        return done.stdout
+
+    def slurm_nodes(self) -> list[parse.SlurmNode]:
+        found = parse.nodes_of(self.checked(cmds.show_nodes()), self.partition)
+        self.seen = found
+        return found
+
+    def discover(self) -> list[Node]:
+        return [n.node for n in self.slurm_nodes()]
+
+    def default_partition(self) -> str | None:
+        return parse.default_partition(self.checked(cmds.show_partitions()))
+
+    def partitions(self) -> list[str]:
+        return parse.partitions(self.checked(cmds.show_partitions()))
+
+    # -- allocations (lifecycle.engine_alloc decides; these only ask) ---------------------------
+    def ask(self, cluster: str, gpu: str, count: int, nodes: int, time_limit_s: float | None,
+            exclude: tuple[str, ...] = (), user: str = "") -> cmds.Ask:
+        """The sbatch request for `count` GPUs of catalog type `gpu` over `nodes` nodes, named
+        the way this partition's nodes name that type."""
+        typed = [n for n in (self.seen or self.slurm_nodes())
+                 if n.node.devices and n.node.devices[0].gpu == gpu]
+        gres_type = next((n.gres_type for n in typed if n.gres_type), "")
+        feature = "" if gres_type else next((n.feature_type for n in typed if n.feature_type), "")
+        per_gpu = [(n.cpus // len(n.node.devices), n.memory_mb // len(n.node.devices))
+                   for n in typed if n.node.devices]
+        return cmds.Ask(
+            cluster=cluster, nodes=nodes, per_node=count // nodes, gres_type=gres_type,
+            feature=feature, partition=self.partition, account=self.account,
+            time_limit_s=time_limit_s, exclude=exclude, whole_nodes=nodes > 1,
+            cpus_per_gpu=max(1, min(c for c, _ in per_gpu)) if per_gpu else 0,
+            mem_per_gpu_mb=min(m for _, m in per_gpu) if per_gpu else 0, user=user)
+
+    def submit(self, ask: cmds.Ask) -> str:
+        """The new Slurm job's id; what sbatch refuses at once is an AllocationError with
+        Slurm's own reason."""
+        done = self.call(cmds.sbatch(ask))
+        if done.returncode != 0:
+            why = _first(done.stderr).removeprefix("sbatch: error: ")
+            raise AllocationError(f"slurm: {why or 'sbatch refused the request'} (partition "
+                                  f"{ask.partition or 'default'}: {ask.nodes} node(s) x "
+                                  f"--gres={ask.gres})")
+        return done.stdout.strip().split(";", 1)[0]
+
+    def job(self, job_id: str) -> parse.SlurmJob | None:
+        """The job as Slurm shows it; None once Slurm has forgotten it."""
+        done = self.call(cmds.show_job(job_id))
+        if done.returncode != 0:
+            return None
+        return parse.job_of(done.stdout.strip())
+
+    def cancel(self, job_id: str) -> None:
+        """scancel; a job Slurm has already forgotten is fine."""
+        done = self.call(cmds.scancel(job_id))
+        if done.returncode != 0 and "Invalid job id" not in done.stderr:
+            raise ConflictError(f"pool {self.pool}: scancel {job_id}: {_first(done.stderr)}")
+
+    def queue(self) -> dict[str, tuple[str, str, str]]:
+        """gpufleet's jobs in Slurm's queue: id -> (state, reason, nodes)."""
+        done = self.call(cmds.mine())
+        out = {}
+        for row in done.stdout.splitlines():
+            parts = row.split("|")
+            if len(parts) == 5 and parts[1].startswith(cmds.JOB_PREFIX):
+                out[parts[0]] = (parts[2], parts[3], parts[4])
+        return out
+
+    def dry_run(self, ask: cmds.Ask | None, job_id: str, node_ids: list[str],
+                plan_path: Path) -> list[str]:
+        """The command lines a run would use: the sbatch of a new allocation (`ask`), then one
+        srun step per node."""
+        from gpufleet.backends.slurm_run import node_argv
+
+        lines = [cmds.line(cmds.sbatch(ask))] if ask is not None else []
+        return lines + [cmds.line(cmds.srun(job_id, node, node_argv(i, plan_path)))
+                        for i, node in enumerate(node_ids)]
+
+    # -- runs -----------------------------------------------------------------------------------
+    def driver_argv(self, plan_path: Path) -> list[str]:
+        return [sys.executable, "-m", "gpufleet.backends.slurm_run", str(plan_path)]
+
+    def prepare(self, run: RunRequest) -> Prepared:
+        """The plan for the driver (slurm-plan.json: one srun step per node, each running that
+        node's torchrun) and the command that runs it."""
+        if not run.engine_ref:
+            raise GpufleetError(f"cluster {run.cluster_name} has no Slurm allocation; stop it "
+                                "and launch it again")
+        head = run.placements[0].address
+        loopback = all(is_loopback(p.address) for p in run.placements)
+        nodes = {n.id: n for n in self.discover()}
+        missing = [p.node_id for p in run.placements if p.node_id not in nodes]
+        if missing:
+            raise GpufleetError(f"node(s) {', '.join(missing)} of cluster {run.cluster_name} "
+                                f"are not in Slurm partition {self.partition or '(default)'}")
+        plan = multinode.plan(
+            run.spec, run.layout, run.placements, nodes, run.ctx,
+            port=free_port(head if loopback else ""), run_id=run.run_id,
+            user_env={**run.survive_env, **run.spec.env}, ready_timeout_s=60.0,
+            address=self.pool, loopback=loopback,
+            memory_per_slot=psutil.virtual_memory().total // max(1, run.cluster_devices))
+        plan["job_id"] = run.engine_ref
+        plan["slurm_conf"] = self.slurm_conf
+        path = run.job_dir / PLAN_FILE
+        files = {k: v for n in plan["nodes"] for k, v in n["files"].items()}
+        files[PLAN_FILE] = json.dumps(plan, indent=1)
+        return Prepared(self.driver_argv(path), {"GPUFLEET_JOB": run.ctx.job_name,
+                                                 "PYTHONUNBUFFERED": "1"}, files)
+
+    def node_lost(self, code: int, lines: list[str]) -> str | None:
+        """The driver exits NODE_LOST_EXIT after a line `NodeLostError: ...`."""
+        return lost_line(code, lines)
+
+    def lost_nodes(self, job_dir: Path) -> set[str]:
+        """The nodes the driver named lost (Slurm may not have marked them down yet)."""
+        return take_lost(job_dir / PLAN_FILE)
+
+    def report_host(self) -> str:
+        """Loopback when the nodes are this machine's loopback addresses; else the address our
+        route to the first node leaves from."""
+        addresses = [n.node.address for n in (self.seen or self.slurm_nodes())]
+        if not addresses or all(is_loopback(a) for a in addresses):
+            return "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(addresses[0]), 9))  # UDP: picks a route only
+            return str(probe.getsockname()[0])
+
+    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
+        return self.procs.start(argv, self.env(env), cwd)
+
+    def poll(self, handle: Handle) -> int | None:
+        return self.procs.poll(handle)
+
+    def signal(self, handle: Handle, sig: int) -> None:
+        self.procs.signal(handle, sig)
+
+    def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None:
+        self.procs.kill_tree(handle, grace_s)
+
+    def adopt_orphans(self) -> None:
+        self.procs.adopt_orphans()
+
+    def end_orphans(self) -> None:
+        self.procs.end_orphans()
+
+
+def _first(text: str) -> str:
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")

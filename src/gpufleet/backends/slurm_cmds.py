@@ -1,0 +1,123 @@
+"""The Slurm command lines gpufleet runs, built from plain data (pure: `--dry-run` prints them
+and the tests read them without a Slurm).
+
+One allocation per cluster: an `sbatch` whose batch step only holds the nodes (`sleep
+infinity`) until `scancel`, so the allocation lives exactly as long as the cluster, whatever
+runs on it. Each run of a job then starts one step per node inside it (`srun --jobid J -w NODE
+--overlap`), which runs that node's torchrun.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+
+JOB_PREFIX = "gpufleet-"  # every Slurm job gpufleet submits is named gpufleet-CLUSTER
+HOLD = "exec sleep infinity"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one cluster asks Slurm for."""
+
+    cluster: str
+    nodes: int
+    per_node: int  # GPUs on each node
+    gres_type: str = ""  # --gres=gpu:TYPE:N ("" untyped)
+    feature: str = ""  # --constraint naming the GPU type, for sites that type GPUs by feature
+    partition: str | None = None
+    account: str | None = None
+    time_limit_s: float | None = None
+    exclude: tuple[str, ...] = ()  # nodes not to take (a heal's lost ones)
+    whole_nodes: bool = False  # --exclusive: a multi-node cluster takes its nodes whole
+    cpus_per_gpu: int = 0  # 0: Slurm's default
+    mem_per_gpu_mb: int = 0
+    user: str = ""
+
+    @property
+    def gres(self) -> str:
+        return f"gpu:{self.gres_type}:{self.per_node}" if self.gres_type else f"gpu:{self.per_node}"
+
+    @property
+    def comment(self) -> str:
+        """Slurm keeps the comment with the job: who and what, for a site's own tools."""
+        who = f" for {self.user}" if self.user else ""
+        return f"gpufleet cluster {self.cluster}{who}"
+
+
+def job_name(cluster: str) -> str:
+    return f"{JOB_PREFIX}{cluster}"
+
+
+def time_arg(seconds: float) -> str:
+    """Slurm's --time in whole minutes, rounded up (Slurm would stop the job early otherwise)."""
+    return str(max(1, math.ceil(seconds / 60)))
+
+
+def sbatch(ask: Ask) -> list[str]:
+    argv = ["sbatch", "--parsable", f"--job-name={job_name(ask.cluster)}",
+            f"--comment={ask.comment}", f"--nodes={ask.nodes}", "--ntasks-per-node=1",
+            f"--gres={ask.gres}", "--no-requeue", "--output=/dev/null", "--error=/dev/null"]
+    if ask.partition:
+        argv.append(f"--partition={ask.partition}")
+    if ask.account:
+        argv.append(f"--account={ask.account}")
+    if ask.feature:
+        argv.append(f"--constraint={ask.feature}")
+    if ask.time_limit_s:
+        argv.append(f"--time={time_arg(ask.time_limit_s)}")
+    if ask.exclude:
+        argv.append(f"--exclude={','.join(ask.exclude)}")
+    if ask.whole_nodes:
+        argv += ["--exclusive", "--mem=0"]
+    else:
+        if ask.cpus_per_gpu:
+            argv.append(f"--cpus-per-gpu={ask.cpus_per_gpu}")
+        if ask.mem_per_gpu_mb:
+            argv.append(f"--mem-per-gpu={ask.mem_per_gpu_mb}M")
+    return [*argv, f"--wrap={HOLD}"]
+
+
+STEP_NAME = "gpufleet-run"  # a run's steps: ended by name, a `gpufleet ssh` step is not
+
+
+def srun(job_id: str, node: str, argv: list[str]) -> list[str]:
+    """One step on one node of the allocation: a single task that shares the allocation with
+    the holding step (`--overlap`), gets the whole environment, and whose failure ends it."""
+    return ["srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            "--overlap", "--kill-on-bad-exit=1", "--export=ALL", "--quiet",
+            f"--job-name={STEP_NAME}", *argv]
+
+
+def shell(job_id: str, node: str, argv: list[str]) -> list[str]:
+    """`gpufleet ssh`: an interactive step on the node (a pseudo-terminal when there is no
+    command), inside the cluster's allocation."""
+    pty = [] if argv[1:] else ["--pty"]
+    return ["srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            "--overlap", "--export=ALL", *pty, *argv]
+
+
+def scancel(job_id: str) -> list[str]:
+    return ["scancel", job_id]
+
+
+def show_job(job_id: str) -> list[str]:
+    return ["scontrol", "-o", "-d", "show", "job", job_id]
+
+
+def show_nodes() -> list[str]:
+    return ["scontrol", "-o", "-d", "show", "node"]
+
+
+def show_partitions() -> list[str]:
+    return ["scontrol", "-o", "show", "partition"]
+
+
+def mine() -> list[str]:
+    """Slurm's queue for gpufleet's jobs: id, name, state, reason, nodes (`|` between)."""
+    return ["squeue", "-h", "-o", "%i|%j|%T|%r|%N"]
+
+
+def line(argv: list[str]) -> str:
+    return shlex.join(argv)

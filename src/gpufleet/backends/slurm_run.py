@@ -1,0 +1,271 @@
+"""One run of a job on a Slurm cluster: a local driver and one `srun` step per node.
+
+`python -m gpufleet.backends.slurm_run PLAN.json` is what the supervisor starts in place of
+torchrun. For each node of the cluster's allocation it starts `srun --jobid J --nodelist NODE
+--overlap ... python -m gpufleet.backends.slurm_run --node I PLAN.json`; on the node that step
+runs the node's torchrun under a keeper (`ray_run.NodeAgent`, the same agent a Ray pool uses:
+it ends the node's whole tree when the step ends, and samples the node's devices for the
+supervisor, signed with the job's key). The plan, the job's script and gpufleet itself must be
+at the same paths on the nodes, as on a Slurm cluster's shared file system.
+
+The driver, like the Ray one:
+- prints every line as `[NODE rankN]:` (the node's name in the cluster: head, worker1, ...);
+- fails fast: the first node to fail, or to be lost (srun's `Node failure on NODE`, or Slurm
+  marking the node down), ends every other node's step at once, and the driver exits naming
+  it: NODE_LOST_EXIT with a `NodeLostError:` line for a lost node, so the supervisor heals;
+- exits 0 when every node's torchrun did;
+- on SIGTERM ends every step (SIGTERM through srun, then `scancel` of what is left).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from gpufleet.backends import slurm_cmds as cmds
+from gpufleet.backends import slurm_parse as parse
+from gpufleet.backends.exits import NODE_LOST_EXIT
+from gpufleet.backends.ray_run import NodeAgent, tag
+from gpufleet.reportauth import KEY_ENV
+
+POLL_S = 0.2
+ANSWER_S = 10.0  # how long a step has to end when asked before its node counts as not answering
+CONFIRM_S = 15.0  # how long Slurm is then given to mark that node down
+_NO_ANSWER = "Timed out waiting for job step"  # srun, when the node's slurmd does not answer
+_NODE_FAILURE = re.compile(r"Node failure on (\S+)")
+
+
+def lost_named(lines: Iterable[str]) -> set[str]:
+    """The nodes srun said failed (`srun: error: Node failure on n2`)."""
+    return {m.group(1).rstrip(".,") for ln in lines for m in _NODE_FAILURE.finditer(ln)}
+
+
+def node_argv(index: int, plan_path: Path) -> list[str]:
+    """What the step on node `index` runs (the same interpreter path: a shared file system)."""
+    return [sys.executable, "-m", "gpufleet.backends.slurm_run", "--node", str(index),
+            str(plan_path)]
+
+
+class Driver:
+    def __init__(self, plan: dict[str, Any], plan_path: Path):
+        self.plan, self.plan_path = plan, plan_path
+        self.nodes: list[dict[str, Any]] = plan["nodes"]
+        self.job_id: str = plan["job_id"]
+        self.env = dict(os.environ)
+        if plan.get("slurm_conf"):
+            self.env["SLURM_CONF"] = plan["slurm_conf"]
+        self.steps: list[subprocess.Popen[bytes]] = []
+        self.lines: queue.Queue[tuple[int, str]] = queue.Queue()
+        self.said: list[tuple[int, str]] = []  # srun's own lines by node, read for failures
+        self.stop_asked = False
+
+    def say(self, text: str) -> None:
+        sys.stdout.write(f"gpufleet: {text}\n")
+        sys.stdout.flush()
+
+    def lost(self, text: str, names: set[str]) -> None:
+        """The line the supervisor reads as the run's error, and the lost nodes beside the plan
+        so the heal replaces them even before Slurm marks them down."""
+        sys.stdout.write(f"NodeLostError: {text}\n")
+        sys.stdout.flush()
+        with contextlib.suppress(OSError):
+            self.plan_path.with_suffix(".lost").write_text(json.dumps(sorted(names)))
+
+    def run(self) -> int:
+        for i, n in enumerate(self.nodes):
+            argv = cmds.srun(self.job_id, n["node_id"], node_argv(i, self.plan_path))
+            step = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=self.env,
+                                    start_new_session=True)
+            self.steps.append(step)
+            threading.Thread(target=self._read, args=(i, step.stdout), daemon=True).start()
+        self.say(f"torchrun starting on {len(self.nodes)} node(s) of Slurm job {self.job_id}: "
+                 + ", ".join(f"{n['name']} ({n['node_id']})" for n in self.nodes))
+        return self._watch()
+
+    def _read(self, i: int, out: IO[bytes] | None) -> None:
+        assert out is not None
+        for raw in iter(out.readline, b""):
+            self.lines.put((i, raw.decode("utf-8", "replace").rstrip("\n")))
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                i, text = self.lines.get_nowait()
+            except queue.Empty:
+                return
+            if text.startswith(("srun:", "slurmstepd:")):
+                self.said.append((i, text))
+            sys.stdout.write(tag(self.nodes[i]["name"], text) + "\n")
+        sys.stdout.flush()
+
+    def _watch(self) -> int:
+        while True:
+            self._drain()
+            if self.stop_asked:
+                self.say("stop asked: ending torchrun on every node")
+                self._end_all(grace_s=10.0)
+                return 143
+            codes = [s.poll() for s in self.steps]
+            named = lost_named(text for _, text in self.said)
+            failed = next(((i, c) for i, c in enumerate(codes) if c not in (None, 0)), None)
+            if named or failed is not None:
+                lost, how = self._find_lost()
+                if lost:
+                    where = ", ".join(f"{n['name']} ({n['node_id']})" for n in self.nodes
+                                      if n["node_id"] in lost)
+                    self.lost(f"node {where or ', '.join(sorted(lost))} of Slurm job "
+                              f"{self.job_id} was lost mid-job ({how}); ending the other "
+                              "nodes", lost)
+                    self._end_all(grace_s=5.0)
+                    return NODE_LOST_EXIT
+                assert failed is not None
+                i, code = failed
+                self.say(f"node {self.nodes[i]['name']} exited with code {code}; ending the "
+                         "other nodes")
+                self._end_all(grace_s=10.0)
+                return code
+            if all(c == 0 for c in codes):
+                self._drain()
+                return 0
+            time.sleep(POLL_S)
+
+    def _find_lost(self) -> tuple[set[str], str]:
+        """After a step failed: was a node lost? A peer's death shows first as a connection
+        error on the survivors, and Slurm marks a dead node only after its SlurmdTimeout. So:
+        srun's `Node failure on NODE`, or Slurm showing the node down; else the live steps
+        are asked to end, and a node whose step does not answer (its slurmd is gone) is lost,
+        confirmed by Slurm if it says so within CONFIRM_S."""
+        time.sleep(1.0)
+        self._drain()
+        named = lost_named(text for _, text in self.said)
+        if named:
+            return named, "Slurm: node failure"
+        down = self._down()
+        if down:
+            return down, "Slurm marks it down"
+        live = [i for i, s in enumerate(self.steps) if s.poll() is None]
+        for i in live:
+            with contextlib.suppress(OSError):
+                self.steps[i].send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + ANSWER_S
+        while time.monotonic() < deadline and any(self.steps[i].poll() is None for i in live):
+            self._drain()
+            time.sleep(POLL_S)
+        self._drain()
+        hung = {self.nodes[i]["node_id"] for i in live if self.steps[i].poll() is None}
+        hung |= {self.nodes[i]["node_id"] for i, text in self.said if _NO_ANSWER in text}
+        if not hung:
+            return set(), ""
+        deadline = time.monotonic() + CONFIRM_S
+        while time.monotonic() < deadline:
+            down = self._down() & hung
+            if down:
+                return down, "its slurmd stopped answering; Slurm marks it down"
+            time.sleep(1.0)
+        return hung, "its slurmd stopped answering; Slurm has not marked it down yet"
+
+    def _down(self) -> set[str]:
+        """The run's nodes that Slurm shows lost now (not responding, down, drained)."""
+        try:
+            done = subprocess.run(cmds.show_nodes(), capture_output=True, text=True, timeout=15,
+                                  env=self.env)
+        except (OSError, subprocess.TimeoutExpired):
+            return set()
+        mine = {n["node_id"] for n in self.nodes}
+        return {n.node.id for n in parse.nodes_of(done.stdout, None)
+                if n.node.id in mine and not n.node.healthy}
+
+    def _end_all(self, grace_s: float) -> None:
+        """SIGTERM through srun (it forwards the signal to the step), then `scancel` the run's
+        steps that are still there, then SIGKILL the sruns."""
+        for s in self.steps:
+            if s.poll() is None:
+                with contextlib.suppress(OSError):
+                    s.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(s.poll() is None for s in self.steps):
+            self._drain()
+            time.sleep(POLL_S)
+        if any(s.poll() is None for s in self.steps):
+            self._cancel_steps()
+        for s in self.steps:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                s.wait(timeout=5)
+            if s.poll() is None:
+                with contextlib.suppress(OSError):
+                    s.kill()
+        self._drain()
+
+    def _cancel_steps(self) -> None:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            listed = subprocess.run(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i|%j"],
+                                    capture_output=True, text=True, timeout=15, env=self.env)
+            for row in listed.stdout.splitlines():
+                step, _, step_name = row.partition("|")
+                if step_name == cmds.STEP_NAME:
+                    subprocess.run(["scancel", "--signal=KILL", step], capture_output=True,
+                                   timeout=15, env=self.env)
+
+
+def node_main(index: int, plan_path: Path) -> int:
+    """Inside the srun step on node `index`: that node's torchrun under the agent, its lines to
+    stdout (srun carries them to the driver), ended with the step."""
+    plan = json.loads(plan_path.read_text())
+    n = plan["nodes"][index]
+    agent = NodeAgent(n["name"], plan["report_addr"])
+    stopping = threading.Event()
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    key = {KEY_ENV: os.environ[KEY_ENV]} if KEY_ENV in os.environ else {}
+    agent.start(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"])
+    while True:
+        if stopping.is_set():
+            agent.stop(grace_s=8.0)
+            _print(agent.drain()[0])
+            return 143
+        lines, code = agent.drain()
+        _print(lines)
+        if code is not None:
+            return code
+        time.sleep(POLL_S)
+
+
+def _print(lines: list[str]) -> None:
+    for ln in lines:
+        sys.stdout.write(ln + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if args and args[0] == "--node":
+        return node_main(int(args[1]), Path(args[2]))
+    path = Path(args[0])
+    driver = Driver(json.loads(path.read_text()), path)
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        driver.stop_asked = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return driver.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

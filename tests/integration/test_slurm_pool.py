@@ -1,0 +1,246 @@
+"""Pools on a real Slurm cluster on this machine: one slurmctld and three slurmd (n1..n3) on
+127.0.0.1, each node with one declared H100 (`gpu:h100:1`, feature gpufleet-simulated: CPU
+workers with gloo), started by `scripts/test-slurm`.
+
+The cluster is the one `.ci/run` (or `scripts/check`) starts, named by $GPUFLEET_TEST_SLURM;
+run alone, this module starts its own and stops it at the end. A test that kills a node starts
+it again. After every test nothing gpufleet submitted is left in Slurm's queue and no process
+of the test's fleet is left (they carry its GPUFLEET_HOME through srun's --export=ALL).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet_helpers import EXAMPLES, ROOT, Fleet, error_lines
+
+SCRIPT = ROOT / "scripts" / "test-slurm"
+NODES = ("n1", "n2", "n3")
+
+
+def _unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the test Slurm runs its daemons as root"
+    missing = [c for c in ("slurmctld", "slurmd", "munged", "sbatch") if shutil.which(c) is None]
+    return f"Slurm is not installed (missing {', '.join(missing)})" if missing else None
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[Path]:
+    """The test Slurm's state folder, with $SLURM_CONF pointing at it for the CLI."""
+    given = os.environ.get("GPUFLEET_TEST_SLURM")
+    own: Path | None = None
+    if given:
+        state = Path(given)
+    else:
+        why = _unavailable()
+        if why:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"CI needs the test Slurm: {why}")
+            pytest.skip(why)
+        own = Path(tempfile.mkdtemp(dir="/tmp", prefix="gfs"))
+        up = subprocess.run([str(SCRIPT), "up", str(own)], capture_output=True, text=True,
+                            timeout=120)
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = own
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(state / "slurm.conf")
+    try:
+        yield state
+    finally:
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before
+        if own is not None:
+            subprocess.run([str(SCRIPT), "down", str(own)], capture_output=True, timeout=120)
+
+
+def _squeue() -> list[str]:
+    """gpufleet's jobs in Slurm's queue: 'ID NAME STATE'."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    return [ln for ln in out.splitlines() if " gpufleet-" in ln]
+
+
+@pytest.fixture
+def sfleet(fleet: Fleet, slurm: Path) -> Iterator[Fleet]:
+    """A fleet whose default pool is the test Slurm's partition; afterwards no job of it is
+    left in Slurm's queue (cancelled jobs leave it within seconds) and every node is back."""
+    fleet.ok("pool", "add", "slurm")
+    yield fleet
+    fleet.cleanup()
+    deadline = time.monotonic() + 20
+    while (left := _squeue()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"gpufleet's jobs left in Slurm's queue: {left}"
+
+
+def _nodes(fleet: Fleet) -> list[dict[str, Any]]:
+    listing = fleet.json("pool", "list", "slurm", "--json")
+    assert len(listing) == 1 and "nodes" in listing[0], listing
+    return listing[0]["nodes"]
+
+
+def _comment(job_id: str) -> str:
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
+                           text=True, timeout=30).stdout
+    m = re.search(r"Comment=(.*?)(?= \w+=|$)", shown)
+    return m.group(1).strip() if m else ""
+
+
+# ------------------------------------------------------------------------------ the pool itself
+
+
+def test_pool_list_shows_the_partitions_nodes_from_slurms_node_table(sfleet: Fleet) -> None:
+    nodes = _nodes(sfleet)
+    assert [n["node"] for n in nodes] == list(NODES)
+    for n in nodes:
+        assert (n["gpu"], n["count"], n["free"], n["state"], n["health"]) == \
+            ("H100-SXM", 1, 1, "idle", "ok"), n
+        assert n["simulated"] is True and n["address"] == "127.0.0.1"
+    table = sfleet.ok("pool", "list").stdout
+    assert "Pool slurm (default): slurm, partition gpu" in table and "STATE" in table
+
+
+def test_bad_input_and_impossible_requests_are_refused_at_once(sfleet: Fleet) -> None:
+    for args, field in ((["pool", "add", "slurm", "--partition", "nope", "--name", "x"],
+                         "partition"),
+                        (["pool", "add", "slurm", "--address", "h:1", "--name", "y"], "address"),
+                        (["pool", "add", "ray", "--partition", "gpu", "--name", "z"],
+                         "partition"),
+                        (["launch", "--gpu", "H100", "--count", "1", "--time-limit", "0s",
+                          "-y"], "time_limit")):
+        r = sfleet(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        lines = error_lines(r.stderr)
+        assert len(lines) == 1 and f"{field}:" in lines[0], (args, r.stderr)
+    # more GPUs than the partition has, a type it lacks: refused before anything is submitted
+    for args, want in ((["--gpu", "H100", "--count", "4", "--nodes", "4"], "could never hold"),
+                       (["--gpu", "A100", "--count", "1"], "the pool has no A100")):
+        r = sfleet("launch", *args, "-y")
+        assert r.returncode == 2 and want in r.stderr, (args, r.stdout, r.stderr)
+        assert "Slurm job" not in r.stderr  # nothing was submitted
+    assert _squeue() == []
+    assert [p["pool"] for p in sfleet.json("pool", "list", "--json")] == ["local", "slurm"]
+
+
+def test_dry_run_prints_the_sbatch_the_srun_steps_and_each_nodes_torchrun(sfleet: Fleet) -> None:
+    out = sfleet.ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--time-limit", "10m",
+                    "--dry-run", str(EXAMPLES / "gpt.py"), "--", "--steps", "5").stdout
+    sbatch = next(ln for ln in out.splitlines() if ln.startswith("sbatch "))
+    for part in ("--nodes=2", "--gres=gpu:h100:1", "--exclusive", "--no-requeue",
+                 "--partition=gpu", "--time=12", "--job-name=gpufleet-run-"):
+        assert part in sbatch, sbatch
+    steps = [ln for ln in out.splitlines() if ln.startswith("srun ")]
+    assert len(steps) == 2 and all("--overlap" in s for s in steps), out
+    assert out.count("torch.distributed.run --nnodes 2") == 2, out
+    assert _squeue() == []  # a dry run submits nothing
+
+
+# ------------------------------------------------------------------------------ allocations
+
+
+def test_launch_is_one_allocation_a_waiting_one_says_slurms_reason_and_stop_cancels(
+        sfleet: Fleet) -> None:
+    got = sfleet.ok("launch", "--gpu", "H100", "--count", "2", "--nodes", "2", "--name", "a",
+                    "--time-limit", "30m", "-y")
+    m = re.search(r"Slurm job (\d+) running on (n\d), (n\d)", got.stderr)
+    assert m, got.stderr
+    job_id = m.group(1)
+    assert _squeue() == [f"{job_id} gpufleet-a RUNNING"]
+    assert _comment(job_id) == "gpufleet cluster a"
+    held = {n["node"]: n for n in _nodes(sfleet)}
+    for name in m.group(2, 3):
+        assert (held[name]["free"], held[name]["held_by"], held[name]["state"]) == \
+            (0, ["a"], "allocated")
+    # a shell step inside the allocation, on the cluster's second node
+    shell = sfleet.ok("ssh", "a-worker1", "--", "printenv", "SLURMD_NODENAME", "SLURM_JOB_ID")
+    assert shell.stdout.split() == [m.group(3), job_id], shell.stdout
+    # a second 2-node cluster cannot start while `a` holds two of the three nodes: it waits in
+    # Slurm's queue, says why, shows in `gpufleet jobs`, and Ctrl-C cancels it
+    waiting = sfleet.popen("launch", "--gpu", "H100", "--count", "2", "--nodes", "2", "--name",
+                           "b", "-y", sigint_default=True, merge_stderr=True)
+    seen = ""
+    deadline = time.monotonic() + 60
+    assert waiting.stdout is not None
+    while "pending: Resources" not in seen and time.monotonic() < deadline:
+        seen += waiting.stdout.readline()
+    assert "pending: Resources" in seen, seen
+    listed = sfleet.ok("jobs").stdout
+    assert "pending in Slurm" in listed and "Resources" in listed, listed
+    waiting.send_signal(signal.SIGINT)
+    waiting.wait(timeout=30)
+    assert waiting.returncode != 0
+    deadline = time.monotonic() + 20
+    while len(_squeue()) > 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _squeue() == [f"{job_id} gpufleet-a RUNNING"]
+    # SIGTERM (a scheduler's or a shell's kill) cancels a waiting request too
+    waiting = sfleet.popen("launch", "--gpu", "H100", "--count", "2", "--nodes", "2", "--name",
+                           "c", "-y", merge_stderr=True)
+    assert waiting.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 60
+    while "pending:" not in seen and time.monotonic() < deadline:
+        seen += waiting.stdout.readline()
+    assert "pending:" in seen, seen
+    waiting.terminate()
+    waiting.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while len(_squeue()) > 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _squeue() == [f"{job_id} gpufleet-a RUNNING"]
+    assert [c["name"] for c in sfleet.clusters()] == ["a"]
+    sfleet.ok("stop", "a", "-y")
+    deadline = time.monotonic() + 20
+    while _squeue() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _squeue() == []
+    assert all(n["free"] == 1 for n in _nodes(sfleet))
+
+
+# ------------------------------------------------------------------------------ jobs
+
+
+def test_two_node_gpt_recovers_from_a_killed_slurmd_with_a_new_allocation(
+        sfleet: Fleet, slurm: Path) -> None:
+    """A 2-node x 1-GPU DDP run of the example GPT (all-reduce checked, loss falling); its
+    second node's slurmd and steps are killed mid-job: every node's run ends, the job is
+    restarted from its last checkpoint on a new allocation without the dead node."""
+    sfleet.ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--max-restarts", "1",
+              "-y", "-d", "--name", "g", str(EXAMPLES / "gpt.py"), "--", "--steps", "40",
+              "--checkpoint-every", "10", timeout=120)
+    sfleet.wait_for_step("g", 13, timeout=240)
+    cluster = next(c for c in sfleet.clusters() if c["job"] == "g")
+    first, second = (d.split("/")[0] for d in cluster["devices"])
+    killed = subprocess.run([str(SCRIPT), "kill-node", str(slurm), second], capture_output=True,
+                            text=True, timeout=60)
+    assert killed.returncode == 0, killed.stderr
+    try:
+        final = sfleet.wait_ended("g", timeout=360)
+    finally:
+        back = subprocess.run([str(SCRIPT), "start-node", str(slurm), second],
+                              capture_output=True, text=True, timeout=120)
+        assert back.returncode == 0, back.stderr
+    assert final["status"] == "succeeded", final
+    events = {e["kind"]: e["reason"] for e in final["events"]}
+    assert f"NodeLostError: node worker1 ({second})" in events["restarting"], events
+    assert "from gpufleet's checkpoint at step 1" in events["restarting"], events
+    replaced = events["node_replaced"]
+    assert f"node(s) {second} lost" in replaced and "new allocation: Slurm job" in replaced
+    assert second not in replaced.split("new allocation")[1], replaced
+    log = sfleet.ok("logs", "g").stdout
+    assert "all-reduce check passed" in log and "[head rank" in log and "[worker1 rank" in log
+    assert final["loss"] < final["first_loss"], final
+    assert first in replaced.split("new allocation")[1], replaced  # the survivor is kept
