@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_helpers import EXAMPLES, ROOT, Fleet, error_lines
+from fleet_helpers import EXAMPLES, ROOT, WORKERS, Fleet, error_lines
 
 SCRIPT = ROOT / "scripts" / "test-slurm"
 NODES = ("n1", "n2", "n3")
@@ -244,3 +244,18 @@ def test_two_node_gpt_recovers_from_a_killed_slurmd_with_a_new_allocation(
     assert "all-reduce check passed" in log and "[head rank" in log and "[worker1 rank" in log
     assert final["loss"] < final["first_loss"], final
     assert first in replaced.split("new allocation")[1], replaced  # the survivor is kept
+
+
+def test_a_failure_that_loses_no_node_restarts_in_the_same_allocation(sfleet: Fleet) -> None:
+    """Every restart of a multi-node job asks whether to heal; with no node lost and the
+    allocation still running, the next run uses the same Slurm job (no new sbatch)."""
+    sfleet.ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--max-restarts", "1",
+              "-y", "-d", "--name", "f", str(WORKERS / "fails_once.py"), timeout=120)
+    final = sfleet.wait_ended("f", timeout=240)
+    assert final["status"] == "succeeded", final
+    kinds = [e["kind"] for e in final["events"]]
+    assert "restarting" in kinds and "node_replaced" not in kinds, final["events"]
+    log = sfleet.ok("logs", "f").stdout
+    jobs = re.findall(r"torchrun starting on 2 node\(s\) of Slurm job (\d+)", log)
+    assert len(jobs) == 2 and jobs[0] == jobs[1], log
+    assert "failing at step 3 as asked" in log and log.count("done") >= 2, log

@@ -143,12 +143,13 @@ class SlurmBackend:
     def cancel(self, job_id: str) -> None:
         """scancel; a job Slurm has already forgotten is fine."""
         done = self.call(cmds.scancel(job_id))
-        if done.returncode != 0 and "Invalid job id" not in done.stderr:
+        if done.returncode != 0 and not any(gone in done.stderr for gone in (
+                "Invalid job id", "already completing or completed")):
             raise ConflictError(f"pool {self.pool}: scancel {job_id}: {_first(done.stderr)}")
 
     def queue(self) -> dict[str, tuple[str, str, str]]:
         """gpufleet's jobs in Slurm's queue: id -> (state, reason, nodes)."""
-        done = self.call(cmds.mine())
+        done = self.call(cmds.mine(), timeout=10.0)
         out = {}
         for row in done.stdout.splitlines():
             parts = row.split("|")

@@ -162,14 +162,18 @@ class Effects:
         return ev.Healed(workers, tuple(notes))
 
     def reallocate(self, lost: set[str]) -> list[str]:
-        """On an engine that allocates (Slurm): give the broken allocation back and ask for the
-        same shape without the lost nodes (a replacement node, at once, rather than Slurm's
-        requeue, which waits out its requeue delay); failing that, for the nodes left."""
+        """On an engine that allocates (Slurm): after a run that lost a node (or whose
+        allocation ended), give the allocation back and ask for the same shape without the
+        lost nodes (a replacement node, at once, rather than Slurm's requeue, which waits out
+        its requeue delay); failing that, for the nodes left. Otherwise keep it."""
         sup = self.sup
         c = sup.cluster
         engine = cast(engine_alloc.Allocating, sup.backend)
         mine = {p.node_id for p in clusters.placements(sup.store, c)}
         bad = (lost | {n.id for n in sup.backend.discover() if not n.healthy}) & mine or lost
+        held = engine.job(c.engine_ref) if c.engine_ref else None
+        if not bad and held is not None and held.running:
+            return []  # a failure that lost no node: the next run uses the same allocation
         old = c.engine_ref or "?"
         if c.engine_ref:
             engine.cancel(c.engine_ref)
