@@ -60,6 +60,26 @@ def test_srun_node_failure_lines_name_the_node() -> None:
     assert lost_named(lines[1:]) == set()
 
 
+def test_the_ask_names_the_gpus_as_the_partition_does_and_constrains_a_mixed_network() -> None:
+    from gpufleet.backends.slurm import SlurmBackend
+
+    def line(name: str, features: str, gres: str = "gpu:h100:8") -> str:
+        return (f"NodeName={name} CPUTot=64 AvailableFeatures={features} Gres={gres} "
+                f"NodeAddr={name} RealMemory=512000 State=IDLE Partitions=gpu")
+
+    backend = SlurmBackend("s", "gpu")
+    backend.seen = sp.nodes_of("\n".join([line("a1", "ib"), line("a2", "ib"),
+                                          line("e1", "ethernet")]), "gpu")
+    ask = backend.ask("big", "H100-SXM", 16, 2, None, network="infiniband")
+    assert (ask.gres, ask.feature, ask.whole_nodes) == ("gpu:h100:8", "ib", True)
+    assert backend.ask("one", "H100-SXM", 2, 1, None).feature == ""
+    one = backend.ask("one", "H100-SXM", 2, 1, None)
+    assert (one.cpus_per_gpu, one.mem_per_gpu_mb, one.whole_nodes) == (8, 64000, False)
+    backend.seen = sp.nodes_of(line("u1", "h100,ib", gres="gpu:8"), None)
+    assert backend.ask("u", "H100-SXM", 8, 1, None, network="infiniband").feature == "h100"
+    assert "--constraint=h100" in cmds.sbatch(backend.ask("u", "H100-SXM", 8, 1, None))
+
+
 # -- the allocation -----------------------------------------------------------------------------
 
 def _node(name: str, gpus: int = 1, healthy: bool = True, busy: tuple[int, ...] = ()) -> Node:
@@ -93,7 +113,8 @@ class Engine:
         return self.nodes
 
     def ask(self, cluster: str, gpu: str, count: int, nodes: int, time_limit_s: float | None,
-            exclude: tuple[str, ...] = (), user: str = "") -> cmds.Ask:
+            exclude: tuple[str, ...] = (), user: str = "",
+            network: str | None = None) -> cmds.Ask:
         return cmds.Ask(cluster=cluster, nodes=nodes, per_node=count // nodes, exclude=exclude)
 
     def submit(self, ask: cmds.Ask) -> str:

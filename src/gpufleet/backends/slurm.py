@@ -106,13 +106,19 @@ class SlurmBackend:
 
     # -- allocations (lifecycle.engine_alloc decides; these only ask) ---------------------------
     def ask(self, cluster: str, gpu: str, count: int, nodes: int, time_limit_s: float | None,
-            exclude: tuple[str, ...] = (), user: str = "") -> cmds.Ask:
+            exclude: tuple[str, ...] = (), user: str = "",
+            network: str | None = None) -> cmds.Ask:
         """The sbatch request for `count` GPUs of catalog type `gpu` over `nodes` nodes, named
-        the way this partition's nodes name that type."""
+        the way this partition's nodes name that type (and, where its nodes differ in network,
+        constrained to the feature that names the asked one)."""
         typed = [n for n in (self.seen or self.slurm_nodes())
                  if n.node.devices and n.node.devices[0].gpu == gpu]
         gres_type = next((n.gres_type for n in typed if n.gres_type), "")
         feature = "" if gres_type else next((n.feature_type for n in typed if n.feature_type), "")
+        if network and len({n.node.inter_fabric for n in typed}) > 1:
+            names = next((f for n in typed for f in n.features
+                          if parse.NETWORK_FEATURES.get(f.lower()) == network), "")
+            feature = "&".join(f for f in (feature, names) if f)
         per_gpu = [(n.cpus // len(n.node.devices), n.memory_mb // len(n.node.devices))
                    for n in typed if n.node.devices]
         return cmds.Ask(

@@ -25,7 +25,7 @@ class Ask:
     nodes: int
     per_node: int  # GPUs on each node
     gres_type: str = ""  # --gres=gpu:TYPE:N ("" untyped)
-    feature: str = ""  # --constraint naming the GPU type, for sites that type GPUs by feature
+    feature: str = ""  # --constraint: the GPU type's feature (untyped GRES), the network's
     partition: str | None = None
     account: str | None = None
     time_limit_s: float | None = None

@@ -123,6 +123,7 @@ class SlurmNode:
     cpus: int
     memory_mb: int
     partitions: tuple[str, ...]
+    features: tuple[str, ...] = ()
 
 
 def _gpu_type(gres: list[Gres], features: list[str]) -> tuple[catalog.GpuType | None, str, str]:
@@ -172,7 +173,7 @@ def node_of(line: str) -> SlurmNode | None:
     cpus = int(f.get("CPUTot", "0") or 0) if f.get("CPUTot", "").isdigit() else 0
     memory = int(f["RealMemory"]) if f.get("RealMemory", "").isdigit() else 0
     parts = tuple(p for p in f.get("Partitions", "").split(",") if p)
-    return SlurmNode(node, gres_type, feature_type, cpus, memory, parts)
+    return SlurmNode(node, gres_type, feature_type, cpus, memory, parts, tuple(features))
 
 
 def nodes_of(text: str, partition: str | None) -> list[SlurmNode]:

@@ -47,7 +47,8 @@ class Allocating(Protocol):
     def discover(self) -> list[Node]: ...
 
     def ask(self, cluster: str, gpu: str, count: int, nodes: int, time_limit_s: float | None,
-            exclude: tuple[str, ...] = (), user: str = "") -> Ask: ...
+            exclude: tuple[str, ...] = (), user: str = "",
+            network: str | None = None) -> Ask: ...
 
     def submit(self, ask: Ask) -> str: ...
 
@@ -162,7 +163,8 @@ def grant(backend: Allocating, cluster: str, gpu: str, count: int, nodes_wanted:
     left = [n for n in nodes if n.id not in exclude]
     refuse_impossible(gpu, count, nodes_wanted, network, left, where)
     want = nodes_wanted or 1
-    ask = backend.ask(cluster, gpu, count, want, time_limit_s, exclude, user)
+    ask = backend.ask(cluster, gpu, count, want, time_limit_s, exclude, user,
+                      network if network in ("infiniband", "ethernet") else None)
     ref = backend.submit(ask)
     say(f"Slurm job {ref} submitted ({want} node(s) x --gres={ask.gres}"
         f"{', excluding ' + ','.join(exclude) if exclude else ''})")

@@ -184,7 +184,7 @@ class Effects:
         shapes = [c.nodes] + ([keep] if 0 < keep < c.nodes else [])
         for i, want in enumerate(shapes):
             try:
-                got = engine_alloc.grant(engine, c.name, c.gpu, per * want, want, None,
+                got = engine_alloc.grant(engine, c.name, c.gpu, per * want, want, c.network,
                                          left, lambda t: sup.lines.say(f"gpufleet: {t}"),
                                          c.user or "", exclude=tuple(sorted(bad)),
                                          deadline_s=HEAL_WAIT_S)
