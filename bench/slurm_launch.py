@@ -26,10 +26,14 @@ step 1, the `--trace` file's first record), when rank 0's lines "2 ranks joined"
 and "step 1/" reached the launcher's output (gpufleet: its stdout; sbatch: the --output file,
 read every 50 ms while sbatch waits), the wall time to the launcher's exit, and to see where
 the time goes: when the Slurm job was submitted, when it ran (gpufleet's "running on" line; the
-batch script's first line) and when the srun step(s) started. Before each run the bench waits
-until the previous run's Slurm job has left squeue and 2 nodes are idle. The two sides
-alternate which goes first. Medians and the ratio gpufleet / sbatch are printed as a markdown
-table.
+batch script's first line) and when the srun step(s) started; the mean time of a step after
+step 1 (from the trace: are the workers themselves slower?); and the CPU time the run used: the
+launcher's own process tree on this host (rusage), and, sampled every 0.5 s, every process that
+carries the bench's environment (Slurm's steps get it too) by kind: the workers, the torchrun
+agents, gpufleet's processes (CLI and supervisor, Slurm driver, node agents), the Slurm client
+commands, the rest. Before each run the bench waits until the previous run's Slurm job has
+left squeue and 2 nodes are idle. The two sides alternate which goes first. Medians and the
+ratio gpufleet / sbatch are printed as a markdown table.
 
 Everything is under a throwaway $GPUFLEET_HOME; the test Slurm started here is brought down
 (`scripts/test-slurm down`) however the run ends (SIGTERM and SIGHUP too). Before that, any job
@@ -44,6 +48,7 @@ import json
 import os
 import platform
 import re
+import resource
 import signal
 import sqlite3
 import statistics
@@ -67,6 +72,7 @@ NODES = 2
 RUN_TIMEOUT_S = 600
 SETTLE_S = 60.0
 TAIL_S = 0.05  # how often the sbatch side's --output file is read
+SAMPLE_S = 0.5  # how often the CPU time of the run's processes is sampled
 SBATCH_SCRIPT = "bench-sbatch.sh"  # also the hand-written job's name in squeue
 GPUFLEET_JOB = re.compile(r"Slurm job (\d+) submitted")
 SBATCH_JOB = re.compile(r"Submitted batch job (\d+)")
@@ -115,8 +121,11 @@ def script_args(steps: int, trace: Path) -> list[str]:
     return ["--steps", str(steps), "--checkpoint-every", "0", "--trace", str(trace)]
 
 
-def first_trace_t(trace: Path) -> float:
-    return float(json.loads(trace.read_text().splitlines()[0])["t"])
+def trace_times(trace: Path, t0: float) -> dict[str, float]:
+    """From rank 0's trace: the end of step 1 and the mean time of the steps after it."""
+    ts = [float(json.loads(ln)["t"]) for ln in trace.read_text().splitlines() if ln.strip()]
+    step = (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 else float("nan")
+    return {"first_step_s": ts[0] - t0, "step_s": step}
 
 
 def slurm(env: dict[str, str], *argv: str) -> str:
@@ -158,11 +167,71 @@ def settle(env: dict[str, str], jobs: set[str]) -> tuple[float, float]:
         time.sleep(0.1)
 
 
+CPU_KINDS = ("workers", "torchrun", "gpufleet", "slurm clients", "other")
+SLURM_CLIENTS = {"sbatch", "srun", "scontrol", "squeue", "scancel", "sinfo"}
+
+
+def cpu_kind(argv: list[str]) -> str:
+    """Which part of a run a process is, by its command line."""
+    if "torch.distributed.run" in argv:
+        return "torchrun"  # the elastic agent of a node
+    if "-m" in argv[:-1] and argv[argv.index("-m") + 1].startswith("gpufleet"):
+        return "gpufleet"  # the CLI and its supervisor, the Slurm driver, the node agents
+    if any(a.endswith("gpt.py") for a in argv):
+        return "workers"
+    if argv and Path(argv[0]).name in SLURM_CLIENTS:
+        return "slurm clients"
+    return "other"  # the batch script's shell, its port picker, the allocation's `sleep infinity`
+
+
+class CpuSampler(threading.Thread):
+    """Every SAMPLE_S, the CPU time (user + system) of each live process carrying one of the
+    bench's variables (the launcher's tree here and what Slurm runs for it on the nodes); a
+    process's last sample counts, so one that lives less than SAMPLE_S may be missed."""
+
+    def __init__(self, marks: tuple[str, ...]):
+        super().__init__(daemon=True)
+        self.marks = [m.partition("=")[::2] for m in marks]
+        self.finish = threading.Event()
+        self.cpu: dict[tuple[int, float], tuple[str, float]] = {}
+        self.others: set[tuple[int, float]] = set()
+
+    def run(self) -> None:
+        while not self.finish.wait(SAMPLE_S):
+            self.tick()
+        self.tick()
+
+    def tick(self) -> None:
+        for p in psutil.process_iter():
+            try:
+                key = (p.pid, p.create_time())
+                if key in self.others or p.pid == os.getpid():
+                    continue
+                if key not in self.cpu:
+                    environ = p.environ()
+                    if not any(environ.get(k) == v for k, v in self.marks):
+                        self.others.add(key)
+                        continue
+                    self.cpu[key] = (cpu_kind(p.cmdline()), 0.0)
+                t = p.cpu_times()
+                self.cpu[key] = (self.cpu[key][0], t.user + t.system)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+
+    def totals(self) -> dict[str, float]:
+        out = dict.fromkeys(CPU_KINDS, 0.0)
+        for kind, cpu in self.cpu.values():
+            out[kind] += cpu
+        return out
+
+
 def stamped(argv: list[str], env: dict[str, str], log: Path, marks: dict[str, Mark],
-            tail: Path | None = None) -> dict[str, Any]:
+            tail: Path | None = None, sample: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run a launcher, stamping each line of its stdout (and of `tail`, a file it writes) as it
-    arrives: its start, end, and when each mark's line first arrived (seconds after start)."""
+    arrives: its start, end, and when each mark's line first arrived (seconds after start);
+    with `sample` (the bench's variables), the CPU time of the run's processes by kind."""
     start = time.time()
+    sampler = CpuSampler(sample)
     seen: dict[str, float] = {}
     lock = threading.Lock()
     done = threading.Event()
@@ -210,31 +279,42 @@ def stamped(argv: list[str], env: dict[str, str], log: Path, marks: dict[str, Ma
         readers.append(threading.Thread(target=follow, daemon=True))
     for t in readers:
         t.start()
+    if sample:
+        sampler.start()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         code = proc.wait(timeout=RUN_TIMEOUT_S)
     except BaseException as exc:  # a timeout, or the bench itself interrupted
+        sampler.finish.set()
         end_tree(proc.pid)
         out.close()
         if isinstance(exc, subprocess.TimeoutExpired):
             raise RuntimeError(f"{argv[:4]}... did not finish in {RUN_TIMEOUT_S} s; log: {log}") from None
         raise
     end = time.time()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     done.set()
+    sampler.finish.set()
     for t in readers:
         t.join(timeout=10)
+    if sample:
+        sampler.join(timeout=30)
     with lock:
         out.close()
     if code != 0:
         raise RuntimeError(f"{' '.join(argv[:6])}... exited {code}:\n" + log.read_text()[-3000:])
-    return {"start": start, "wall_s": end - start, **{f"{k}_s": seen.get(k) for k in marks}}
+    tree = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"start": start, "wall_s": end - start, **{f"{k}_s": seen.get(k) for k in marks},
+            "launcher_cpu_s": tree, **{f"cpu {k}": v for k, v in sampler.totals().items()}}
 
 
 # -- the two sides --------------------------------------------------------------------------------
-def gpufleet_once(env: dict[str, str], steps: int, tmp: Path, n: int) -> dict[str, Any]:
+def gpufleet_once(env: dict[str, str], steps: int, tmp: Path, n: int,
+                  sample: tuple[str, ...]) -> dict[str, Any]:
     name, trace, log = f"bench{n}", tmp / f"gpufleet-{n}.jsonl", tmp / f"gpufleet-{n}.log"
     argv = [*CLI, "run", "--gpu", "H100", "--count", "2", "--nodes", str(NODES), "-y", "--name", name,
             str(GPT), "--", *script_args(steps, trace)]
-    r = stamped(argv, env, log, GPUFLEET_MARKS)
+    r = stamped(argv, env, log, GPUFLEET_MARKS, sample=sample)
     at_exit = queue(env)
     jobs = sorted(set(GPUFLEET_JOB.findall(log.read_text())))
     db = sqlite3.connect(Path(env["GPUFLEET_HOME"]) / "state.db")
@@ -242,7 +322,7 @@ def gpufleet_once(env: dict[str, str], steps: int, tmp: Path, n: int) -> dict[st
         job_id, created, started, first_at, status, job_dir = db.execute(
             "SELECT id, created_at, started_at, first_step_at, status, job_dir FROM jobs WHERE name = ?",
             (name,)).fetchone()
-        events = db.execute("SELECT kind, time FROM job_events WHERE job_id = ? ORDER BY time, id",
+        events = db.execute("SELECT kind, time, reason FROM job_events WHERE job_id = ? ORDER BY time, id",
                             (job_id,)).fetchall()
         c_started, c_stopped = db.execute(
             "SELECT started_at, stopped_at FROM clusters WHERE for_job = ? ORDER BY id DESC",
@@ -250,11 +330,12 @@ def gpufleet_once(env: dict[str, str], steps: int, tmp: Path, n: int) -> dict[st
     finally:
         db.close()
     t0 = r["start"]
-    return {**r, "first_step_s": first_trace_t(trace) - t0, "store_first_step_s": first_at - t0,
+    return {**r, **trace_times(trace, t0), "store_first_step_s": first_at - t0,
             "created_s": created - t0, "started_s": (started or t0) - t0, "status": status,
             "cluster_started_s": (c_started or t0) - t0,
             "cluster_stopped_s": c_stopped - t0 if c_stopped else None,
-            "events": [(k, t - t0) for k, t in events], "threads": plan_threads(Path(job_dir)),
+            "events": [(k, t - t0) for k, t, _ in events], "threads": plan_threads(Path(job_dir)),
+            "diagnoses": [why for k, _, why in events if k == "diagnosis"],
             "slurm_jobs": jobs, "in_queue_at_exit": {j: at_exit[j][1] for j in jobs if j in at_exit}}
 
 
@@ -267,14 +348,15 @@ def plan_threads(job_dir: Path) -> str:
     return ",".join(sorted({n["env"].get("OMP_NUM_THREADS", "unset") for n in nodes}))
 
 
-def sbatch_once(env: dict[str, str], steps: int, tmp: Path, n: int) -> dict[str, Any]:
+def sbatch_once(env: dict[str, str], steps: int, tmp: Path, n: int,
+                sample: tuple[str, ...]) -> dict[str, Any]:
     trace, log, output = tmp / f"sbatch-{n}.jsonl", tmp / f"sbatch-{n}.log", tmp / f"sbatch-{n}.out"
     argv = ["sbatch", "--wait", f"--nodes={NODES}", "--ntasks-per-node=1", "--gres=gpu:h100:1",
             "--exclusive", f"--output={output}", str(tmp / SBATCH_SCRIPT), *script_args(steps, trace)]
-    r = stamped(argv, env, log, SBATCH_MARKS, tail=output)
+    r = stamped(argv, env, log, SBATCH_MARKS, tail=output, sample=sample)
     at_exit = queue(env)
     jobs = sorted(set(SBATCH_JOB.findall(log.read_text())))
-    return {**r, "first_step_s": first_trace_t(trace) - r["start"], "slurm_jobs": jobs,
+    return {**r, **trace_times(trace, r["start"]), "slurm_jobs": jobs,
             "in_queue_at_exit": {j: at_exit[j][1] for j in jobs if j in at_exit}}
 
 
@@ -415,7 +497,7 @@ def run(args: argparse.Namespace) -> None:
                     # the previous run's job leaves squeue, its nodes come back idle
                     prev["gone_s"], prev["idle_s"] = settle(env, set(prev.get("slurm_jobs", ())))
                     once = gpufleet_once if side == "gpufleet" else sbatch_once
-                    r = prev = once(env, args.steps, tmp, rep)
+                    r = prev = once(env, args.steps, tmp, rep, marks)
                     loads.append(os.getloadavg())
                     results[side].append(r)
                     print(f"rep {rep + 1} {side:8s} first step {r['first_step_s']:.2f} s, line "
@@ -462,10 +544,14 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], v
             ("'M params' line (data and model built) (s)", "built_s"),
             ("**time to first step (s)**, rank 0's clock at the end of step 1", "first_step_s"),
             ("rank 0's `step 1/` line in the launcher's output (s)", "line_s"),
-            ("wall time to the launcher's exit (s)", "wall_s"))
+            ("wall time to the launcher's exit (s)", "wall_s"),
+            ("mean step after step 1 (s), from rank 0's trace", "step_s"),
+            ("CPU s of the launcher's own process tree (rusage)", "launcher_cpu_s"),
+            *((f"CPU s, sampled: {k}", f"cpu {k}") for k in CPU_KINDS))
     for label, key in rows:
         a, b = med(sb, key), med(g, key)
-        print(f"| {label} | {a:.2f} | {b:.2f} | {b / a:.2f}x ({b - a:+.2f} s) |")
+        ratio = f"{b / a:.2f}x" if a > 0.005 else "-"
+        print(f"| {label} | {a:.2f} | {b:.2f} | {ratio} ({b - a:+.2f} s) |")
     print(f"\nBefore the runs: `gpufleet pool add slurm` {add_s:.1f} s; `gpufleet run --dry-run` "
           f"{dry_s:.1f} s (to read the OMP_NUM_THREADS={threads[0]} and MKL_NUM_THREADS={threads[1]} "
           "it gives workers, set the same in the hand-written script).")
@@ -486,6 +572,9 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], v
             kinds.setdefault(k, []).append(t)
     print("gpufleet job events (first of each kind, median s after the command started): "
           + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in kinds.items()))
+    found = sorted({why for r in g for why in r["diagnoses"]})
+    if found:
+        print("gpufleet's diagnoses during the runs: " + " | ".join(found))
     for side, rows_ in (("gpufleet", g), ("sbatch", sb)):
         at_exit = [r for r in rows_ if r["in_queue_at_exit"]]
         states = sorted({s for r in at_exit for s in r["in_queue_at_exit"].values()})

@@ -219,9 +219,9 @@ def test_two_node_gpt_recovers_from_a_killed_slurmd_with_a_new_allocation(
     second node's slurmd and steps are killed mid-job: every node's run ends, the job is
     restarted from its last checkpoint on a new allocation without the dead node."""
     sfleet.ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--max-restarts", "1",
-              "-y", "-d", "--name", "g", str(EXAMPLES / "gpt.py"), "--", "--steps", "40",
-              "--checkpoint-every", "10", timeout=120)
-    sfleet.wait_for_step("g", 13, timeout=240)
+              "-y", "-d", "--name", "g", str(EXAMPLES / "gpt.py"), "--", "--steps", "30",
+              "--checkpoint-every", "6", timeout=120)
+    sfleet.wait_for_step("g", 8, timeout=240)
     cluster = next(c for c in sfleet.clusters() if c["job"] == "g")
     first, second = (d.split("/")[0] for d in cluster["devices"])
     killed = subprocess.run([str(SCRIPT), "kill-node", str(slurm), second], capture_output=True,
@@ -236,7 +236,7 @@ def test_two_node_gpt_recovers_from_a_killed_slurmd_with_a_new_allocation(
     assert final["status"] == "succeeded", final
     events = {e["kind"]: e["reason"] for e in final["events"]}
     assert f"NodeLostError: node worker1 ({second})" in events["restarting"], events
-    assert "from gpufleet's checkpoint at step 1" in events["restarting"], events
+    assert "from gpufleet's checkpoint at step " in events["restarting"], events
     replaced = events["node_replaced"]
     assert f"node(s) {second} lost" in replaced and "new allocation: Slurm job" in replaced
     assert second not in replaced.split("new allocation")[1], replaced

@@ -35,7 +35,8 @@ from gpufleet.pool.allocate import allocate
 from gpufleet.pool.model import Allocation, Node
 from gpufleet.store import Cluster, Pool, Store
 
-POLL_S = 1.0
+POLL_S = 1.0  # how often a pending request is looked at...
+QUICK_POLL_S, QUICK_FOR_S = 0.2, 5.0  # ...after its first seconds, when most requests start
 Say = Callable[[str], None]
 
 
@@ -134,7 +135,7 @@ def _poll(backend: Allocating, ref: str, say: Say, poll_s: float, clock: Callabl
         if slurm_parse.never_clears(job.reason):
             raise AllocationError(f"slurm: job {ref} can never start: "
                                   f"{slurm_parse.reason_text(job.reason)}")
-        time.sleep(poll_s)
+        time.sleep(QUICK_POLL_S if clock() - started < QUICK_FOR_S else poll_s)
 
 
 def granted_nodes(job: slurm_parse.SlurmJob, nodes: list[Node], per_node: int) -> list[Node]:
