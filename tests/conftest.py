@@ -27,6 +27,30 @@ _SERIAL = ("test_diagnosis_runs", "test_bench_calibration",
            "test_survive::test_elastic_job_scales_down_and_up_keeping_the_loss_curve")
 
 
+def group_of(nodeid: str) -> str:
+    """The xdist group of a test: its integration module (or the group it shares), else its
+    unit module."""
+    path = nodeid.split("::", 1)[0]
+    stem = Path(path).stem
+    if Path(path).parts[:2] == ("tests", "integration"):
+        return _SHARED_GROUPS.get(stem, stem)
+    return path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadgroup`, by group name. pytest-xdist 3.8 tells groups apart by a suffix it
+    writes into a test's private `_nodeid`, which pytest 9 no longer reads: every module's
+    tests were spread over both workers (each paying for the module's fixtures, and the Slurm
+    tests sharing one Slurm at once). This scheduler groups by `group_of(nodeid)` instead."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         folder = Path(str(item.path)).relative_to(_HERE).parts[0]

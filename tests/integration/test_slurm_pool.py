@@ -75,15 +75,30 @@ def _squeue() -> list[str]:
 
 @pytest.fixture
 def sfleet(fleet: Fleet, slurm: Path) -> Iterator[Fleet]:
-    """A fleet whose default pool is the test Slurm's partition; afterwards no job of it is
-    left in Slurm's queue (cancelled jobs leave it within seconds) and every node is back."""
+    """A fleet whose default pool is the test Slurm's partition, on idle nodes; afterwards no
+    job of it is left in Slurm's queue. Cancelled jobs leave it within seconds, but one whose
+    node died stays COMPLETING until Slurm has marked the node down and back (a minute or
+    more under load): that is Slurm's clean-up, waited out here, not a job gpufleet left."""
+    _wait_idle(90)
     fleet.ok("pool", "add", "slurm")
     yield fleet
     fleet.cleanup()
-    deadline = time.monotonic() + 20
-    while (left := _squeue()) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 90
+    while (left := [j for j in _squeue() if not j.endswith(" COMPLETING")]) and \
+            time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, f"gpufleet's jobs left in Slurm's queue: {left}"
+
+
+def _wait_idle(timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True,
+                                text=True, timeout=30).stdout.split()
+        if states and all(s == "idle" for s in states) and not _squeue():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"the test Slurm's nodes are not idle: {states}, queue {_squeue()}")
 
 
 def _nodes(fleet: Fleet) -> list[dict[str, Any]]:
@@ -241,7 +256,9 @@ def test_two_node_gpt_recovers_from_a_killed_slurmd_with_a_new_allocation(
     assert f"node(s) {second} lost" in replaced and "new allocation: Slurm job" in replaced
     assert second not in replaced.split("new allocation")[1], replaced
     log = sfleet.ok("logs", "g").stdout
-    assert "all-reduce check passed" in log and "[head rank" in log and "[worker1 rank" in log
+    assert "all-reduce check passed" in log and re.search(r"\[(head|worker1) rank0\]:", log)
+    assert re.search(r"torchrun starting on 2 node\(s\) of Slurm job \d+: head \(n\d\), "
+                     r"worker1 \(n\d\)", log), log
     assert final["loss"] < final["first_loss"], final
     assert first in replaced.split("new allocation")[1], replaced  # the survivor is kept
 
@@ -259,3 +276,19 @@ def test_a_failure_that_loses_no_node_restarts_in_the_same_allocation(sfleet: Fl
     jobs = re.findall(r"torchrun starting on 2 node\(s\) of Slurm job (\d+)", log)
     assert len(jobs) == 2 and jobs[0] == jobs[1], log
     assert "failing at step 3 as asked" in log and log.count("done") >= 2, log
+
+
+def test_stopping_a_running_job_ends_every_nodes_step_and_cancels_its_allocation(
+        sfleet: Fleet) -> None:
+    sfleet.ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "-y", "-d", "--name", "n",
+              str(WORKERS / "napper.py"), timeout=120)
+    sfleet.wait_for_step("n", 3, timeout=120)
+    assert len(_squeue()) == 1
+    sfleet.ok("stop", "n", timeout=90)
+    final = sfleet.wait_ended("n", timeout=60)
+    assert final["status"] == "stopped", final
+    deadline = time.monotonic() + 20
+    while _squeue() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _squeue() == []  # the cluster made for the job went with it: scancel
+    assert all(n["free"] == 1 for n in _nodes(sfleet))
