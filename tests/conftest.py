@@ -63,3 +63,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = item.name.split("[")[0]
         if module in _SERIAL or f"{module}::{name}" in _SERIAL:
             item.add_marker(pytest.mark.serial)
+    # The longest groups first, so neither worker is left running one alone at the end (a
+    # module picked up last, such as test_survive, kept one worker busy for minutes while the
+    # other had nothing); a stable sort, so each module's own order stays.
+    items.sort(key=_start_rank)
+
+
+# The longest integration groups (seconds of one worker, measured on 2 cores), started first.
+_LONGEST_FIRST = ("test_readme", "test_ray_pool", "test_slurm_pool", "strategy_runs",
+                  "test_survive", "test_ray_plain_scripts", "test_frameworks_cli",
+                  "test_ordinary_scripts", "test_queue", "test_supervisor_kill",
+                  "test_team_server", "test_ordinary_progress", "test_error_records")
+
+
+def _start_rank(item: pytest.Item) -> int:
+    group = group_of(item.nodeid)
+    return _LONGEST_FIRST.index(group) if group in _LONGEST_FIRST else len(_LONGEST_FIRST)
