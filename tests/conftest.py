@@ -22,8 +22,16 @@ import pytest
 
 _HERE = Path(__file__).parent
 _SHARED_GROUPS = {"test_strategies": "strategy_runs", "test_plan_measured": "strategy_runs"}
-# module, or module::test name; why each is here is in the docstring above
-_SERIAL = ("test_diagnosis_runs", "test_bench_calibration",
+# module, module::test name or module::test[case]; why each is here is in the docstring above.
+# Only the tests whose result a busy machine could change; the diagnosis runs that find an
+# error (out of memory, a collective's timeout) or a non-finite loss, and the bench's refusals,
+# run in the parallel pass.
+_SERIAL = ("test_diagnosis_runs::test_a_healthy_run_has_no_warnings",
+           "test_diagnosis_runs::test_poor_scaling_against_a_one_worker_run_of_the_same_script",
+           "test_diagnosis_runs::test_a_provoked_problem_is_diagnosed[data]",
+           "test_diagnosis_runs::test_a_provoked_problem_is_diagnosed[straggler]",
+           "test_diagnosis_runs::test_a_provoked_problem_is_diagnosed[stall]",
+           "test_bench_calibration::test_benches_calibrate_the_planner",
            "test_survive::test_elastic_job_scales_down_and_up_keeping_the_loss_curve")
 
 
@@ -48,6 +56,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
+    # xdist would hand out the groups with the most tests first (a unit module of 200 quick
+    # cases before a module of one 3-minute test); the collection order, longest first, is kept.
+    config.option.loadscopereorder = False
     return ByGroup(config, log)
 
 
@@ -61,7 +72,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = Path(str(item.path)).stem
         item.add_marker(pytest.mark.xdist_group(_SHARED_GROUPS.get(module, module)))
         name = item.name.split("[")[0]
-        if module in _SERIAL or f"{module}::{name}" in _SERIAL:
+        if module in _SERIAL or f"{module}::{name}" in _SERIAL or f"{module}::{item.name}" in _SERIAL:
             item.add_marker(pytest.mark.serial)
     # The longest groups first, so neither worker is left running one alone at the end (a
     # module picked up last, such as test_survive, kept one worker busy for minutes while the
@@ -70,10 +81,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # The longest integration groups (seconds of one worker, measured on 2 cores), started first.
-_LONGEST_FIRST = ("test_readme", "test_ray_pool", "test_slurm_pool", "strategy_runs",
-                  "test_survive", "test_ray_plain_scripts", "test_frameworks_cli",
-                  "test_ordinary_scripts", "test_queue", "test_supervisor_kill",
-                  "test_team_server", "test_ordinary_progress", "test_error_records")
+_LONGEST_FIRST = ("test_slurm_pool", "test_frameworks_cli", "test_jobs", "test_ray_pool",
+                  "test_readme", "strategy_runs", "test_survive", "test_ordinary_scripts",
+                  "test_cli_errors", "test_queue", "test_supervisor_kill", "test_error_records",
+                  "test_ray_plain_scripts", "test_ordinary_progress", "test_team_server",
+                  "test_checkpointer", "test_dashboard_api", "test_doctor", "test_state_guards",
+                  "test_dashboard_browser", "test_clusters")
 
 
 def _start_rank(item: pytest.Item) -> int:

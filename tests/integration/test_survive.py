@@ -114,11 +114,14 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_weights(
 def test_stopped_rank_is_found_by_hang_timeout_and_the_job_recovers(fleet: Fleet) -> None:
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "hung", "-y",
              "--max-restarts", "1", "--hang-timeout", "3s", SURVIVE, "--",
-             "--steps", str(STEPS), "--every", "5", "--step-sleep", "0.1", "--slow-until", "1000",
-             "--losses", str(fleet.cwd / "losses.jsonl"))
+             "--steps", str(STEPS), "--every", "5", "--step-sleep", str(KILL_STEP_SLEEP_S),
+             "--slow-until", "1000", "--losses", str(fleet.cwd / "losses.jsonl"))
     fleet.wait_for_step("hung", 8)
+    # the pid is found first: under load the search itself took seconds, and with 0.1 s steps
+    # the job was once over before rank 1 had been found
+    pid = rank_pid(fleet.home, 1)
     stopped_at = time.time()
-    os.kill(rank_pid(fleet.home, 1), signal.SIGSTOP)
+    os.kill(pid, signal.SIGSTOP)
     s = wait_done(fleet, "hung")
     assert s["status"] == "succeeded", s
     assert s["step"] == STEPS
