@@ -9,8 +9,9 @@ everything under tests/unit is `unit` (pure, fast), so a new file is marked by w
 - every integration module is one xdist group, so its module fixtures (one GPT job, one
   reference run, one Ray pool's state) run once; `test_strategies` and `test_plan_measured` share
   one group because they read the same session-scoped launches (`strategy_runs.py`);
-- the tests that judge a job's speed or utilization against thresholds (the diagnosis rules, an
-  elastic job's scale-up and -down, the benchmark calibration) are `serial`: with another test on
+- the tests that judge a job's speed or utilization against thresholds (the diagnosis runs for
+  data loading, stragglers, stalls, scaling and a healthy run; an elastic job's scale-up and
+  -down; the benchmark calibration) are `serial`: with another test on
   the same two cores their figures, not gpufleet, would decide the result.
 """
 
