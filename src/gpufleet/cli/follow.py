@@ -12,6 +12,7 @@ import typer
 
 from gpufleet.cli.app import err, out
 from gpufleet.errors import ConflictError
+from gpufleet.lifecycle.status import CTRL_C_EXIT, exit_code
 from gpufleet.server.seg import seg
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def wait_and_follow(source: Source, name: str) -> None:
                 err.print(f"Job {name} left the queue: {row['status']}"
                           + (f" ({row['reason']})" if row.get("reason") else ""),
                           markup=False, highlight=False)
-                raise typer.Exit(1)
+                raise typer.Exit(exit_code(row["status"]))
             line = queue_line(row, time.time())
             if line.split(", estimated")[0] + (row.get("reason") or "") != said:
                 said = line.split(", estimated")[0] + (row.get("reason") or "")
@@ -162,13 +163,13 @@ def wait_and_follow(source: Source, name: str) -> None:
             try:
                 source.cancel(name)
                 err.print(f"Cancelled job {name} (it was still queued).", highlight=False)
-                raise typer.Exit(130) from None
+                raise typer.Exit(CTRL_C_EXIT) from None
             except ConflictError:  # the queue started it at that moment: stop it instead
                 _until_started(source, name)
         source.stop(name)
         err.print(f"Stopped job {name}.", highlight=False)
-        raise typer.Exit(130) from None
+        raise typer.Exit(CTRL_C_EXIT) from None
     status = last.get("status")
     err.print(f"Job {name}: {status}" + (f" ({last['reason']})" if last.get("reason") else ""),
               markup=False, highlight=False)
-    raise typer.Exit(0 if status == "succeeded" else 1)
+    raise typer.Exit(exit_code(str(status)))

@@ -196,17 +196,30 @@ def run(
 @app.command(cls=COMMAND)
 def logs(
     job: Annotated[str, typer.Argument(help="Job name.")],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until it ends.")] = False,
+    follow: Annotated[bool, typer.Option(
+        "--follow", "-f", help="Keep printing until it ends; then exit as `run` does: 0 if it "
+        "succeeded, 1 if not (130 after Ctrl-C, which leaves the job running).")] = False,
     rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's log.")] = None,
 ) -> None:
     """A job's output, every rank's lines prefixed by their rank, or one rank with --rank."""
+    from gpufleet.lifecycle.status import CTRL_C_EXIT, exit_code
+
+    client = remote()
+    try:
+        status = remote_logs(client, job, follow, rank) if client is not None else \
+            _local_logs(job, follow, rank)
+    except KeyboardInterrupt:  # leaving the log does not stop the job
+        raise typer.Exit(CTRL_C_EXIT) from None
+    if follow:
+        raise typer.Exit(exit_code(status))
+
+
+def _local_logs(job: str, follow: bool, rank: int | None) -> str:
+    """Print the job's log (with `follow`, until the job ended and its log is read to the end);
+    the job's status then."""
     from gpufleet.errors import NotFoundError
     from gpufleet.lifecycle import jobs, reconcile
 
-    client = remote()
-    if client is not None:
-        remote_logs(client, job, follow, rank)
-        return
     st = store()
     if jobs.get_or_none(st, job) is None:
         queued_first(st, job, follow)
@@ -224,11 +237,12 @@ def logs(
             sys.stdout.write(chunk.decode("utf-8", "replace"))
             sys.stdout.flush()
         if not follow:
-            return
-        if reconcile.refresh(st, job).status not in jobs.ACTIVE:
+            return j.status
+        j = reconcile.refresh(st, job)
+        if j.status not in jobs.ACTIVE:
             if path.exists() and path.stat().st_size > pos:
                 continue
-            return
+            return j.status
         time.sleep(0.5)
 
 

@@ -169,7 +169,8 @@ def queued_first(st: Store, name: str, follow: bool) -> None:
         time.sleep(0.5)
 
 
-def remote_logs(client: Client, name: str, follow: bool, rank: int | None) -> None:
+def remote_logs(client: Client, name: str, follow: bool, rank: int | None) -> str:
+    """`logs` through the server; the job's status when it returns."""
     offset = 0
     while True:
         got = client.call("GET", f"/api/v1/jobs/{seg(name)}/logs",
@@ -180,5 +181,5 @@ def remote_logs(client: Client, name: str, follow: bool, rank: int | None) -> No
         if got["more"]:
             continue
         if not follow or not got["active"]:
-            return
+            return str(got["status"])
         time.sleep(1.0)

@@ -90,7 +90,7 @@ def hand_over(st: Store, job: Job, cluster: Cluster, detach: bool,
     """Hand the job to its supervisor: a detached process, or this one with a live view; the
     exit code is the job's outcome."""
     from gpufleet.lifecycle import runs
-    from gpufleet.lifecycle.status import JobStatus
+    from gpufleet.lifecycle.status import exit_code
 
     if detach:
         runs.start_detached(st, job, cpu_slots)
@@ -99,9 +99,7 @@ def hand_over(st: Store, job: Job, cluster: Cluster, detach: bool,
                   f"\n  stop:    gpufleet stop {job.name}")
         return
     final, interrupted = _foreground(st, job, cluster, cpu_slots)
-    if final.status == JobStatus.SUCCEEDED:
-        raise typer.Exit(0)
-    raise typer.Exit(130 if interrupted else 1)  # 130: what a shell reports after Ctrl-C
+    raise typer.Exit(exit_code(final.status, ctrl_c=interrupted))
 
 
 def _foreground(st: Store, job: Job, cluster: Cluster,

@@ -56,3 +56,16 @@ JOB_ACTIVE: tuple[JobStatus, ...] = (JobStatus.STARTING, JobStatus.RUNNING, JobS
 JOB_FINAL: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED,
                                     JobStatus.INTERRUPTED)
 CLUSTER_ACTIVE: tuple[ClusterStatus, ...] = (ClusterStatus.PENDING, ClusterStatus.RUNNING)
+
+
+CTRL_C_EXIT = 130  # what a shell reports for a command ended by Ctrl-C (128 + SIGINT)
+
+
+def exit_code(status: str, ctrl_c: bool = False) -> int:
+    """What a command that waited for a job's end exits with (`run`, `logs -f`): 0 when the
+    job succeeded; 130 when Ctrl-C ended the wait (what a shell reports after it); else 1
+    (failed, stopped, interrupted, or it left the queue without starting). One mapping, so a
+    script gets the same answer whichever command it waited with."""
+    if status == JobStatus.SUCCEEDED:
+        return 0
+    return CTRL_C_EXIT if ctrl_c else 1
