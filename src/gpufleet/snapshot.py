@@ -20,14 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpufleet import cluster_row
 from gpufleet.home import checked_home
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE
 
 SCHEMA_VERSION = 2  # store.db.SCHEMA_VERSION, which this reader understands
 COLUMNS = {
-    "clusters": ("id", "name", "gpu", "count", "nodes", "network", "status", "price_book",
-                 "usd_per_hour", "started_at", "stopped_at", "banked_usd", "rate_since",
-                 "created_at", "pool", "simulated"),
+    "clusters": ("id", *cluster_row.COLUMNS),
     "jobs": ("id", "name", "status", "cluster_id"),
     "reservations": ("cluster_id",),
     "queue": ("status",),
@@ -99,21 +98,10 @@ def _rows(db: sqlite3.Connection, every: bool, now: float) -> list[dict[str, Any
                       f"({_marks(len(found))})", [c["id"] for c in found]).fetchone()[0]
     if held:  # a stopped cluster holds nothing; if one does, the store knows better
         return None
-    from gpufleet.plan import cost
-
     rows = []
     for c in found:
         job = db.execute("SELECT name, status FROM jobs WHERE cluster_id = ? ORDER BY id DESC "
                          "LIMIT 1", [c["id"]]).fetchone()
-        rows.append({
-            "name": c["name"], "gpu": c["gpu"], "count": c["count"], "nodes": c["nodes"],
-            "network": c["network"], "devices": [], "status": c["status"],
-            "price_book": c["price_book"], "usd_per_hour": c["usd_per_hour"],
-            "started_at": c["started_at"], "stopped_at": c["stopped_at"],
-            "cost_usd": cost.accrued_usd(c["usd_per_hour"], c["started_at"], c["stopped_at"], now,
-                                         c["banked_usd"] or 0.0, c["rate_since"]),
-            "job": job[0] if job else None, "job_status": job[1] if job else None,
-            "topology": c["network"], "age_s": now - c["created_at"], "health": "-",
-            "pool": c["pool"] or "local", "simulated": bool(c["simulated"]),
-        })
+        stored = cluster_row.Stored(**{k: v for k, v in c.items() if k != "id"})
+        rows.append(cluster_row.row(stored, {}, (job[0], job[1]) if job else None, "-", now))
     return rows

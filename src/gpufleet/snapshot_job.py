@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufleet import cluster_row
 from gpufleet.lifecycle.status import JOB_ACTIVE
 from gpufleet.parallelism import LayoutError, resolve
-from gpufleet.plan import cost
 from gpufleet.snapshot import SCHEMA_VERSION, Declined, read_only
 from gpufleet.supervise import durable
 from gpufleet.supervise.view import MODEL_STATE_METRICS, job_view
@@ -177,26 +177,11 @@ def _cluster_info(db: sqlite3.Connection, c: ClusterRow, now: float) -> dict[str
     """`views.cluster_dict`: the cluster, its devices and its newest job."""
     job = db.execute("SELECT name, status FROM jobs WHERE cluster_id = ? ORDER BY id DESC "
                      "LIMIT 1", [c.id]).fetchone()
-    return {
-        "name": c.name, "gpu": c.gpu, "count": c.count, "nodes": c.nodes, "network": c.network,
-        "devices": _device_ids(db, c.id), "status": c.status,
-        "price_book": c.price_book, "usd_per_hour": c.usd_per_hour,
-        "started_at": c.started_at, "stopped_at": c.stopped_at,
-        "cost_usd": cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, now,
-                                     c.banked_usd or 0.0, c.rate_since),
-        "job": job[0] if job else None, "job_status": job[1] if job else None,
-    }
-
-
-def _device_ids(db: sqlite3.Connection, cluster_id: int) -> list[str]:
-    """`clusters.device_ids`: device ids, named node/device when on several nodes."""
-    by_node: dict[str, list[str]] = {}
+    placed: dict[str, list[str]] = {}
     for r in _select(db, "reservations", "cluster_id = ? ORDER BY node_id, device_index",
-                     [cluster_id]):
-        by_node.setdefault(r["node_id"], []).append(r["device_id"])
-    if len(by_node) == 1:
-        return next(iter(by_node.values()))
-    return [f"{node}/{d}" for node, ids in by_node.items() for d in ids]
+                     [c.id]):
+        placed.setdefault(r["node_id"], []).append(r["device_id"])
+    return cluster_row.summary(c, placed, (job[0], job[1]) if job else None, now)
 
 
 def _findings(db: sqlite3.Connection, job_id: int) -> list[dict[str, Any]]:

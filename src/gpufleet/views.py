@@ -8,13 +8,14 @@ the CLI reads it without the web server's modules.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import func, select
 
-from gpufleet.errors import NotFoundError
-from gpufleet.lifecycle import clusters, jobs, reconcile
-from gpufleet.plan import cost
+from gpufleet import cluster_row
+from gpufleet.errors import GpufleetError, NotFoundError
+from gpufleet.lifecycle import clusters, jobs, pools, reconcile
 from gpufleet.pool.model import Node, Placement
 from gpufleet.store import Cluster, Job, Store
 from gpufleet.supervise import durable
@@ -26,12 +27,9 @@ def cluster_dict(store: Store, c: Cluster, now: float) -> dict[str, Any]:
     return cluster_dicts(store, [c], now)[0]
 
 
-def cluster_dicts(store: Store, found: list[Cluster], now: float,
-                  placed: dict[int, list[Placement]] | None = None) -> list[dict[str, Any]]:
-    """`cluster_dict` of each cluster, with two queries for all of them (not two each);
-    `placed`: their `clusters.placements_of`, when the caller has it already."""
-    placed = placed if placed is not None else clusters.placements_of(store, found)
-    newest: dict[int, tuple[str, str]] = {}  # cluster -> its newest job's (name, status)
+def _newest_jobs(store: Store, found: list[Cluster]) -> dict[int, tuple[str, str]]:
+    """Each cluster's newest job's (name, status), in one query per 500 clusters."""
+    newest: dict[int, tuple[str, str]] = {}
     ids = [c.id for c in found]
     with store.read() as s:
         for at in range(0, len(ids), 500):
@@ -40,26 +38,56 @@ def cluster_dicts(store: Store, found: list[Cluster], now: float,
             for cid, name, status in s.execute(select(Job.cluster_id, Job.name, Job.status)
                                                .where(Job.id.in_(latest))):
                 newest[cid] = (name, status)
-    return [{
-        "name": c.name, "gpu": c.gpu, "count": c.count, "nodes": c.nodes, "network": c.network,
-        "devices": clusters.ids_of(placed[c.id]), "status": c.status,
-        "price_book": c.price_book, "usd_per_hour": c.usd_per_hour,
-        "started_at": c.started_at, "stopped_at": c.stopped_at,
-        "cost_usd": cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, now,
-                                     c.banked_usd or 0.0, c.rate_since),
-        "job": newest[c.id][0] if c.id in newest else None,
-        "job_status": newest[c.id][1] if c.id in newest else None,
-    } for c in found]
+    return newest
 
 
-def cluster_row(store: Store, c: Cluster, now: float, nodes: list[Node] | None) -> dict[str, Any]:
-    """`list`'s row of a cluster: what the dashboard shows, plus its health against the devices
-    seen now (`nodes` None: the pool could not be reached)."""
-    row = cluster_dict(store, c, now)
-    health = clusters.health(c, clusters.placements(store, c), nodes) if nodes is not None \
-        else "unknown: pool unreachable"
-    return {**row, "topology": c.network, "age_s": now - c.created_at, "health": health,
-            "pool": c.pool or "local", "nodes": c.nodes, "simulated": bool(c.simulated)}
+def _by_node(found: list[Placement]) -> dict[str, list[str]]:
+    return {p.node_id: [d.id for d in p.devices] for p in found}
+
+
+def cluster_dicts(store: Store, found: list[Cluster], now: float) -> list[dict[str, Any]]:
+    """`cluster_row.summary` of each cluster (the dashboard's), in a few queries for all."""
+    placed = clusters.placements_of(store, found)
+    newest = _newest_jobs(store, found)
+    return [cluster_row.summary(c, _by_node(placed[c.id]), newest.get(c.id), now)
+            for c in found]
+
+
+NodesOf = Callable[[Cluster], list[Node] | None]
+
+
+def pool_nodes(store: Store, cpu_slots: int | None = None) -> NodesOf:
+    """The nodes a running cluster's pool offers now, discovered once per pool however many of
+    its clusters are asked about; None when the pool cannot be reached."""
+    seen: dict[str | None, list[Node] | None] = {}
+
+    def nodes_of(c: Cluster) -> list[Node] | None:
+        if c.pool not in seen:
+            try:
+                seen[c.pool] = pools.backend_for(pools.pool_of(store, c), cpu_slots).discover()
+            except GpufleetError:
+                seen[c.pool] = None
+        return seen[c.pool]
+
+    return nodes_of
+
+
+def cluster_rows(store: Store, found: list[Cluster], now: float,
+                 nodes_of: NodesOf) -> list[dict[str, Any]]:
+    """`cluster_row.row` of each cluster: what `list`, `launch --json` and the server's
+    /api/v1/clusters show. A running cluster's health is judged against `nodes_of(cluster)`
+    (see `pool_nodes`); a stopped one has none ("-")."""
+    placed = clusters.placements_of(store, found)
+    newest = _newest_jobs(store, found)
+    rows = []
+    for c in found:
+        health = "-"
+        if c.status in clusters.ACTIVE:
+            nodes = nodes_of(c)
+            health = clusters.health(c, placed[c.id], nodes) if nodes is not None \
+                else "unknown: pool unreachable"
+        rows.append(cluster_row.row(c, _by_node(placed[c.id]), newest.get(c.id), health, now))
+    return rows
 
 
 def all_clusters(store: Store, now: float, active_only: bool = False,

@@ -1,5 +1,5 @@
 """`gpufleet.snapshot` (list read with stdlib sqlite3) and the store agree: the same columns as
-store/models.py, the same schema version, the same rows as `views.cluster_row`, and it steps
+store/models.py, the same schema version, the same rows as `views.cluster_rows`, and it steps
 aside (None) whenever the store must be opened."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import snapshot, views
+from gpufleet import cluster_row, snapshot, views
 from gpufleet.store import Cluster, Job, Store
 from gpufleet.store.db import SCHEMA_VERSION
 from gpufleet.store.models import Base
@@ -55,7 +55,8 @@ def test_stopped_clusters_read_the_same_as_through_the_store(store: Store) -> No
     quick = snapshot.cluster_rows(snapshot.state_path(), True, now)
     with store.read() as s:
         found = list(s.query(Cluster).order_by(Cluster.id))
-    assert quick == [views.cluster_row(store, c, now, []) for c in found]
+    assert quick == views.cluster_rows(store, found, now, lambda c: [])
+    assert quick is not None and all(tuple(r) == cluster_row.KEYS for r in quick)
     assert quick is not None and quick[0]["job"] == "train-2"
     assert snapshot.cluster_rows(snapshot.state_path(), False, now) == []  # none running
 
@@ -79,3 +80,21 @@ def test_another_schema_version_goes_through_the_store(store: Store) -> None:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     db.close()
     assert snapshot.cluster_rows(path, True, time.time()) is None
+
+
+def test_only_a_running_clusters_health_asks_its_pool(store: Store) -> None:
+    """`views.cluster_rows` asks for a pool's devices only for running clusters; a pool that
+    cannot be reached is said so, not taken for healthy."""
+    _cluster(store, "old", "stopped")
+    _cluster(store, "live", "running")
+    with store.read() as s:
+        found = list(s.query(Cluster).order_by(Cluster.id))
+    asked: list[str] = []
+
+    def unreachable(c: Cluster) -> None:
+        asked.append(c.name)
+
+    rows = views.cluster_rows(store, found, time.time(), unreachable)
+    assert asked == ["live"]
+    assert [(r["name"], r["health"]) for r in rows] == [("old", "-"),
+                                                      ("live", "unknown: pool unreachable")]

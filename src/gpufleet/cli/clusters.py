@@ -31,7 +31,6 @@ from gpufleet.server.seg import seg
 
 if TYPE_CHECKING:
     from gpufleet.lifecycle.runs import StopPlan
-    from gpufleet.store import Cluster, Store
 
 PASS_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -60,9 +59,9 @@ def launch(
     On a Slurm pool the cluster is one Slurm allocation: the request waits in Slurm's queue,
     with Slurm's pending reason shown, and one it can never satisfy is refused at once."""
     from gpufleet.lifecycle import clusters
-    from gpufleet.lifecycle.provision import backend_of, provision, with_pool
+    from gpufleet.lifecycle.provision import provision, with_pool
     from gpufleet.spec import ClusterSpec, load_yaml
-    from gpufleet.views import cluster_row
+    from gpufleet.views import cluster_rows, pool_nodes
 
     data: dict[str, Any] = load_yaml(file) if file else {}
     flags = {"gpu": gpu, "count": count, "network": network, "disk": disk, "name": name,
@@ -82,7 +81,7 @@ def launch(
     spec = ClusterSpec.parse(with_pool(st, merged))
     cluster = provision(st, spec, approve_quote(yes, quiet=as_json), cpu_slots)
     if as_json:
-        print_json(cluster_row(st, cluster, time.time(), backend_of(st, cluster, cpu_slots).discover()))
+        print_json(cluster_rows(st, [cluster], time.time(), pool_nodes(st, cpu_slots))[0])
         return
     where = "; ".join(f"{p.node_id}: {','.join(d.id for d in p.devices)}"
                       for p in clusters.placements(st, cluster))
@@ -92,25 +91,9 @@ def launch(
               f"Run a job: gpufleet run --cluster {cluster.name} SCRIPT")
 
 
-def _pool_nodes(st: Store, c: Cluster, seen: dict[str | None, list[Any] | None]) -> list[Any] | None:
-    """The nodes of a running cluster's pool, discovered once per pool per command."""
-    from gpufleet.errors import GpufleetError
-    from gpufleet.lifecycle.provision import backend_of
-    from gpufleet.lifecycle.status import CLUSTER_ACTIVE
-
-    if c.status not in CLUSTER_ACTIVE:
-        return []
-    if c.pool not in seen:
-        try:
-            seen[c.pool] = backend_of(st, c).discover()
-        except GpufleetError:
-            seen[c.pool] = None
-    return seen[c.pool]
-
-
-def cluster_rows(every: bool) -> list[dict[str, Any]]:
-    """`list`'s rows: read straight from the state file when nothing needs the store's upkeep
-    or a pool's devices (see `gpufleet.snapshot`), else through the store."""
+def local_rows(every: bool) -> list[dict[str, Any]]:
+    """`list`'s rows on this machine: read straight from the state file when nothing needs the
+    store's upkeep or a pool's devices (see `gpufleet.snapshot`), else through the store."""
     from gpufleet.snapshot import cluster_rows as quick_rows
     from gpufleet.snapshot import state_path
 
@@ -122,7 +105,7 @@ def cluster_rows(every: bool) -> list[dict[str, Any]]:
 
     from gpufleet.lifecycle.status import CLUSTER_ACTIVE
     from gpufleet.store import Cluster
-    from gpufleet.views import cluster_row
+    from gpufleet.views import cluster_rows, pool_nodes
 
     st = store()
     q = select(Cluster).order_by(Cluster.id)
@@ -130,8 +113,7 @@ def cluster_rows(every: bool) -> list[dict[str, Any]]:
         q = q.where(Cluster.status.in_(CLUSTER_ACTIVE))
     with st.read() as s:
         found = list(s.scalars(q).all())
-    seen: dict[str | None, list[Any] | None] = {}
-    return [cluster_row(st, c, now, _pool_nodes(st, c, seen)) for c in found]
+    return cluster_rows(st, found, now, pool_nodes(st))
 
 
 @app.command("list", cls=COMMAND)
@@ -145,12 +127,10 @@ def list_(
     from gpufleet import ui
 
     client = remote()
-    if client is not None:  # the server's running clusters (yours, or every one for an admin)
-        rows = [{"devices": [d for ds in r.get("placements", {}).values() for d in ds],
-                 **{k: v for k, v in r.items() if k != "devices"}}
-                for r in client.call("GET", "/api/v1/clusters")]
+    if client is not None:  # yours on the server (every one for an admin), the same rows
+        rows = client.call("GET", "/api/v1/clusters", query={"all": str(all_).lower()})
     else:
-        rows = cluster_rows(all_)
+        rows = local_rows(all_)
     if as_json:
         print_json(rows)
         return

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, group, out
+from gpufleet.cli.app import COMMAND, app, group, out, remote
 from gpufleet.cli.options import (
     CalibrationOut,
     CpuSlots,
@@ -21,6 +21,16 @@ from gpufleet.cli.options import (
 from gpufleet.errors import SpecError
 
 
+def here_only(command: str) -> None:
+    """Refuse measuring a cluster while this CLI talks to a server: the measurement runs on
+    this machine, against clusters of its own state, which are not the server's."""
+    client = remote()
+    if client is not None:
+        raise SpecError([("cluster", f"{command} measures a cluster of this machine's own "
+                          f"state, and this CLI works through {client.url}; run it on the "
+                          "server's host (gpufleet logout there)")])
+
+
 @app.command(cls=COMMAND)
 def doctor(
     cluster: Annotated[str | None, typer.Option(
@@ -29,6 +39,8 @@ def doctor(
 ) -> None:
     """Check this machine for training: devices, driver/CUDA/torch/NCCL versions, BF16,
     topology, NCCL settings, /dev/shm, open files, disk, and a real all-reduce."""
+    if cluster is not None:  # without --cluster it checks this machine, server or not
+        here_only("doctor --cluster")
     from gpufleet.doctor.command import doctor as run_doctor
 
     raise typer.Exit(run_doctor(cluster, as_json, out))
@@ -53,6 +65,7 @@ def bench_allreduce(
     (time, algbw, busbw) against the interconnect's catalog peak."""
     from gpufleet.measure import collectives, command
 
+    here_only("bench allreduce")
     try:
         parsed = collectives.parse_sizes(sizes) if sizes else None
     except ValueError as exc:
@@ -86,6 +99,7 @@ def bench_scaling(
     from gpufleet.plan.command import load_model
     from gpufleet.spec import PlanSpec
 
+    here_only("bench scaling")
     strategy, precision = strategy or "ddp", precision or "fp32"  # run's defaults, said in --help
     try:
         sizes = sorted({int(w) for w in workers.split(",") if w.strip()})

@@ -3,14 +3,13 @@ synthetic pools)."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, err, group, out, print_json, store
+from gpufleet.cli.app import COMMAND, app, err, group, out, print_json, remote, store
 from gpufleet.cli.options import Json, NoDefault, default
 
 pool_app = group("Pools of nodes: this host, Ray clusters, Slurm partitions, synthetic pools.")
@@ -111,35 +110,6 @@ def pool_use(name: Annotated[str, typer.Argument(help="Pool name, or local for t
     out.print(f"Default pool: {name}")
 
 
-def _pool_rows(name: str | None) -> tuple[str, list[tuple[str, str, str, list[dict[str, Any]] | str]]]:
-    """The default pool, and each pool asked for with its node rows (or why it has none)."""
-    from gpufleet.errors import GpufleetError
-    from gpufleet.lifecycle import pools
-
-    st = store()
-    rows: list[tuple[str, str, str, list[dict[str, Any]] | str]] = []
-    chosen = [None, *pools.all_pools(st)] if name is None else \
-        [None if name == pools.LOCAL else pools.get(st, name)]
-    for p in chosen:
-        pname = p.name if p else pools.LOCAL
-        kind = p.kind if p else "local"
-        where = _where(p) if p else "this host"
-        try:
-            nodes = pools.backend_for(p).discover()
-        except GpufleetError as exc:
-            rows.append((pname, kind, where, str(exc)))
-            continue
-        rows.append((pname, kind, where, pools.node_rows(nodes, *pools.held_on(
-            st, p.name if p else None))))
-    return pools.default_name(st), rows
-
-
-def _where(p: Any) -> str:
-    if p.kind == "slurm":
-        return f"partition {json.loads(p.spec_json or '{}').get('partition', '(default)')}"
-    return str(p.address or "simulated")
-
-
 @pool_app.command("list", cls=COMMAND)
 def pool_list(
     name: Annotated[str | None, typer.Argument(help="One pool." + default("every pool"))] = None,
@@ -153,20 +123,23 @@ def pool_list(
 
     from gpufleet.lifecycle import pools
 
-    default_pool, rows_by_pool = _pool_rows(name)
+    client = remote()
+    if client is not None:  # the server's pools: where its clusters are carved from
+        listed = client.call("GET", "/api/v1/pools", query={"name": name})
+    else:
+        listed = pools.listing(store(), name)
     if as_json:
-        print_json([{"pool": n, "kind": k, "where": w, "default": n == default_pool,
-                     **({"error": r} if isinstance(r, str) else {"nodes": r})}
-                    for n, k, w, r in rows_by_pool])
+        print_json(listed)
         return
-    for pname, kind, where, rows in rows_by_pool:
-        mark = " (default)" if pname == default_pool else ""
-        t = Table(title=f"Pool {pname}{mark}: {kind}, {where}", title_justify="left")
-        if isinstance(rows, str):
+    for p in listed:
+        mark = " (default)" if p["default"] else ""
+        t = Table(title=f"Pool {p['pool']}{mark}: {p['kind']}, {p['where']}", title_justify="left")
+        if "error" in p:
             t.add_column("PROBLEM")
-            t.add_row(rows)
+            t.add_row(p["error"])
             out.print(t)
             continue
+        rows = p["nodes"]
         if len(rows) > LIST_NODES_UP_TO:
             rows = pools.grouped(rows)
         states = any(r.get("state") for r in rows)  # an engine that has its own word (Slurm)

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from gpufleet.backends.base import Backend
 from gpufleet.backends.registry import open_backend
-from gpufleet.errors import ConflictError, NotFoundError, SpecError
+from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
 from gpufleet.lifecycle import clusters
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE
 from gpufleet.spec import check_name
@@ -185,6 +185,35 @@ def node_rows(nodes: list[Any], held: dict[tuple[str, str], str],
                 **({"state": n.state} if n.state else {}),
             })
     return rows
+
+
+def listing(store: Store, name: str | None = None) -> list[dict[str, Any]]:
+    """`pool list --json`, here or through a server: each pool asked for (every one, this host
+    first) with its kind, where it is, whether it is the default, and its `node_rows`, or the
+    one-line error that kept its nodes from being read."""
+    default = default_name(store)
+    chosen = [None, *all_pools(store)] if name is None else [None if name == LOCAL
+                                                              else get(store, name)]
+    found: list[dict[str, Any]] = []
+    for p in chosen:
+        pname = p.name if p else LOCAL
+        head = {"pool": pname, "kind": p.kind if p else "local", "where": _where(p),
+                "default": pname == default}
+        try:
+            nodes = backend_for(p).discover()
+        except GpufleetError as exc:
+            found.append({**head, "error": str(exc)})
+            continue
+        found.append({**head, "nodes": node_rows(nodes, *held_on(store, p.name if p else None))})
+    return found
+
+
+def _where(p: Pool | None) -> str:
+    if p is None:
+        return "this host"
+    if p.kind == "slurm":
+        return f"partition {json.loads(p.spec_json or '{}').get('partition', '(default)')}"
+    return str(p.address or "simulated")
 
 
 def grouped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,5 +1,7 @@
 """Clusters through the server, /api/v1/clusters: launch one on a pool as the caller, list the
-running ones, stop one.
+running ones (`?all=true`: stopped ones too), stop one; each as the same row `gpufleet list`
+makes on this machine (`gpufleet.cluster_row`). And /api/v1/pools: the pools they are carved
+from, as `gpufleet pool list` shows them, with other users' clusters unnamed.
 
 A launch goes through `lifecycle.provision` exactly as `gpufleet launch` does (the pool
 resolved the same way, the same refusals, the reservation in one serialized store
@@ -18,14 +20,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.errors import ConflictError, ForbiddenError, LimitError, NotFoundError
-from gpufleet.lifecycle import accounts, clusters, held, runs
+from gpufleet.lifecycle import accounts, clusters, held, pools, runs
 from gpufleet.lifecycle.provision import provision, with_pool
 from gpufleet.spec import ClusterSpec
-from gpufleet.store import Cluster, Store
-from gpufleet.views import cluster_dicts
+from gpufleet.store import Cluster
+from gpufleet.views import cluster_rows, pool_nodes
 
 if TYPE_CHECKING:
     from gpufleet.server.api import Ctx
+
+OTHERS = "another user"  # what a user sees of a device held by a cluster not theirs
 
 
 class ClusterIn(BaseModel):
@@ -33,14 +37,12 @@ class ClusterIn(BaseModel):
     cpu_slots: int | None = Field(None, ge=1, le=1024)  # this host's CPU slots, as --cpu-slots
 
 
-def rows(store: Store, found: list[Cluster], now: float) -> list[dict[str, Any]]:
-    """Clusters as the API shows them: the dashboard's fields, the owner, and the devices by
-    node (`placements`: node -> device ids), read in a few queries however many there are."""
-    placed = clusters.placements_of(store, found)
-    return [{**info, "pool": c.pool or "local", "user": c.user, "simulated": bool(c.simulated),
-             "for_job": c.for_job, "created_at": c.created_at,
-             "placements": {p.node_id: [d.id for d in p.devices] for p in placed[c.id]}}
-            for c, info in zip(found, cluster_dicts(store, found, now, placed), strict=True)]
+def unnamed(listed: list[dict[str, Any]], mine: set[str]) -> list[dict[str, Any]]:
+    """`pool list` rows with every holder that is not one of `mine` (the caller's clusters)
+    shown as OTHERS: a user learns which devices are taken, not what others named theirs."""
+    return [{**p, "nodes": [{**n, "held_by": sorted({h if h in mine else OTHERS
+                                                     for h in n["held_by"]})}
+                            for n in p["nodes"]]} if "nodes" in p else p for p in listed]
 
 
 def add_routes(app: FastAPI, ctx: Ctx) -> None:
@@ -63,21 +65,23 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
 
         # no one to show a quote to: what it reserves is the caller's (simulated: billed nothing)
         made = provision(store, spec, None, body.cpu_slots, user=me.user, then=audited)
-        now = time.time()
-        return rows(store, [made], now)[0]
+        return cluster_rows(store, [made], time.time(), pool_nodes(store, body.cpu_slots))[0]
 
     @app.get("/api/v1/clusters")
-    def running(request: Request, user: str | None = None) -> list[dict[str, Any]]:
+    def listed(request: Request, user: str | None = None, all: bool = False
+               ) -> list[dict[str, Any]]:
+        """The running clusters (`all`: stopped ones too), the caller's or an admin's every."""
         me = ctx.who(request)
         if user is not None and not me.admin and user != me.user:
             raise ForbiddenError(f"user: only an admin may list {user}'s clusters")
-        q = select(Cluster).where(Cluster.status.in_(clusters.ACTIVE)).order_by(Cluster.id)
+        q = select(Cluster).order_by(Cluster.id)
+        if not all:
+            q = q.where(Cluster.status.in_(clusters.ACTIVE))
         if not me.admin or user is not None:
             q = q.where(Cluster.user == (user or me.user))
         with store.read() as s:
             found = list(s.scalars(q))
-        now = time.time()
-        return rows(store, found, now)
+        return cluster_rows(store, found, time.time(), pool_nodes(store))
 
     @app.delete("/api/v1/clusters/{name}")
     def stop(name: str, request: Request) -> dict[str, Any]:
@@ -97,3 +101,15 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
         ended, spent = runs.stop_cluster(store, c)
         ctx.wake()  # its devices are free: a queued job may start on them
         return {"name": ended.name, "status": ended.status, "cost_usd": spent}
+
+    @app.get("/api/v1/pools")
+    def pools_listed(request: Request, name: str | None = None) -> list[dict[str, Any]]:
+        """`gpufleet pool list` of the server's pools, where its clusters are carved from."""
+        me = ctx.who(request)
+        found = pools.listing(store, name)
+        if me.admin:
+            return found
+        with store.read() as s:
+            mine = set(s.scalars(select(Cluster.name).where(
+                Cluster.user == me.user, Cluster.status.in_(clusters.ACTIVE))))
+        return unnamed(found, mine)
