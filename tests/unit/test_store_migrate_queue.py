@@ -1,6 +1,7 @@
 """A state file written by the version before the queue (tests/unit/data/state-before-queue.sql,
 dumped from a real `gpufleet run` of that version) opens with the queue, users and ledger tables
-and columns added in place; its job is listed and gets its ledger rows, equal to its cost."""
+and columns added in place; its job is listed and gets its ledger rows, equal to its cost, and
+its cluster's idle time rows of its own."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from sqlalchemy import inspect, select
 
 from gpufleet.lifecycle import accounts, ledger, listing
+from gpufleet.plan.cost import accrued_usd
 from gpufleet.store import Cluster, Job, Store
 from gpufleet.supervise.view import job_cost_usd
 
@@ -44,7 +46,10 @@ def test_a_state_file_from_before_the_queue_gains_it_in_place(
     booked = ledger.rows(store)
     cost = job_cost_usd(job, cluster, (job.ended_at or 0) + 10)
     assert cost > 0
-    assert sum(r.micro_usd for r in booked) == round(cost * 1_000_000)
+    assert sum(r.micro_usd for r in booked if r.job == "old-job") == round(cost * 1_000_000)
+    # the cluster's time before and after the job is its idle time: all of it is booked
+    assert sum(r.micro_usd for r in booked) == round(
+        accrued_usd(cluster.usd_per_hour, cluster.started_at, cluster.stopped_at, 0.0) * 1e6)
     assert all(not r.open and r.user == accounts.os_user() for r in booked)
     assert ledger.accrue(store, (job.ended_at or 0) + 20) == 0  # booked once, closed
     store.close()
