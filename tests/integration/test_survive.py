@@ -136,7 +136,8 @@ def test_killed_supervisor_leaves_nothing_and_resume_skips_a_corrupt_checkpoint(
         fleet: Fleet, tmp_path: Path, ref30: tuple[dict[str, Any], list[float]]) -> None:
     """kill -9 of a detached job's supervisor: its workers and `logs -f` end, the devices are
     freed, the job is `interrupted`. Its newest checkpoint is then damaged on disk: `--resume`
-    sets it aside, resumes from the one before and still ends with the uninterrupted weights. The job costs both clusters made for it, as the ledger says."""
+    says which it resumes from, sets it aside, resumes from the one before and still ends with
+    the uninterrupted weights. The job costs both clusters made for it, as the ledger says."""
     ref_weights, _ = ref30
     losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "orphan", "-y", SURVIVE,
@@ -176,7 +177,9 @@ def test_killed_supervisor_leaves_nothing_and_resume_skips_a_corrupt_checkpoint(
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(data)
     first = fleet.status("orphan")["cost_usd"]  # reconciled: the killed run's cost, unbooked
-    fleet.ok("run", "--resume", "orphan", "-y", timeout=120)
+    resumed = fleet.ok("run", "--resume", "orphan", "-y", timeout=120)
+    assert f"Resuming orphan: from gpufleet's checkpoint at step {step} ({newest}), or the one " \
+           "before it if that one is found damaged." in resumed.stdout, resumed.stdout[:2000]
     s = fleet.status("orphan")
     assert s["status"] == "succeeded" and s["step"] == STEPS
     skipped = [e["reason"] for e in s["events"] if e["kind"] == "checkpoint_skipped"]
