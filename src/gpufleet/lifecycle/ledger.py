@@ -71,10 +71,7 @@ def accrue(store: Store, now: float) -> int:
                 billing.Run(r.job_id, r.start, r.end, r.from_micro_usd, r.to_micro_usd))
         jobs = {j.id: j for j in _where_in(s, Job, Job.id,
                                            sorted({r.job_id for rs in runs.values() for r in rs}))}
-        have: dict[tuple[int, int | None], list[LedgerRow]] = {}
-        for row in _where_in(s, LedgerRow, LedgerRow.cluster_id, ids):
-            assert row.cluster_id is not None
-            have.setdefault((row.cluster_id, row.job_id), []).append(row)
+        booked, last = _accounts(s, ids)
         team_of = {name: team for name, team in s.execute(select(User.name, User.team))}
         for c in found:
             dues = billing.dues(c, runs.get(c.id, []), now)
@@ -85,26 +82,45 @@ def accrue(store: Store, now: float) -> int:
                     payer = (j.name, j.user or fallback, j.team)
                 else:  # idle time: the owner's
                     payer = (None, c.user or fallback, team_of.get(c.user or fallback))
-                _book(s, c, due, have.get((c.id, due.job_id), []), payer)
+                key = (c.id, due.job_id)
+                _book(s, c, due, last.get(key), booked.get(key, 0), payer)
             if c.status not in CLUSTER_ACTIVE and all(d.final for d in dues):
                 c.settled = True
     return len(found)
 
 
-def _book(s: Session, c: Cluster, due: billing.Due, rows_: list[LedgerRow],
+Account = tuple[int, int | None]  # (cluster id, job id; None: the cluster's idle time)
+
+
+def _accounts(s: Session, ids: Sequence[int]) -> tuple[dict[Account, int], dict[Account, LedgerRow]]:
+    """What the rows of each account of these clusters add up to, and each account's newest
+    row (the only one that may still be open), without reading every row of a long-lived
+    cluster."""
+    booked: dict[Account, int] = {}
+    newest: list[int] = []
+    for at in range(0, len(ids), 500):
+        for cid, jid, total, top in s.execute(
+                select(LedgerRow.cluster_id, LedgerRow.job_id, func.sum(LedgerRow.micro_usd),
+                       func.max(LedgerRow.id))
+                .where(LedgerRow.cluster_id.in_(ids[at:at + 500]))
+                .group_by(LedgerRow.cluster_id, LedgerRow.job_id)):
+            if cid is not None:  # always: the query asked for these clusters
+                booked[(cid, jid)] = int(total)
+                newest.append(top)
+    last = {(r.cluster_id, r.job_id): r for r in _where_in(s, LedgerRow, LedgerRow.id, newest)
+            if r.cluster_id is not None}
+    return booked, last
+
+
+def _book(s: Session, c: Cluster, due: billing.Due, last: LedgerRow | None, booked: int,
           payer: tuple[str | None, str, str | None]) -> None:
-    """Post `due` to the account whose rows are `rows_` (oldest first); `payer`: the rows' job
-    (None: idle time), user and team."""
-    last = rows_[-1] if rows_ else None
-    got = billing.post(_line(last) if last is not None else None,
-                       sum(r.micro_usd for r in rows_), due,
+    """Post `due` to the account whose rows add up to `booked` and end with `last`; `payer`:
+    the rows' job (None: idle time), user and team."""
+    got = billing.post(_line(last) if last is not None else None, booked, due,
                        billing.Rate(c.usd_per_hour, c.price_book, c.count),
                        keep_zero=due.job_id is not None)
     if last is not None and got.last is not None:
         last.micro_usd, last.end, last.open = got.last.micro_usd, got.last.end, got.last.open
-    if due.final:
-        for r in rows_:
-            r.open = False
     job, user, team = payer
     for new in got.new:
         s.add(LedgerRow(job_id=due.job_id, job=job, cluster_id=c.id, cluster=c.name, user=user,
