@@ -67,6 +67,8 @@ class JobRow:
     last_report_at: float | None
     reason: str | None
     layout_seen: str | None
+    billed_micro_usd: int | None
+    run_from_micro_usd: int | None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -252,7 +253,29 @@ def test_detached_job_logs_follow_and_stop(fleet: Fleet) -> None:
     [c] = fleet.clusters()
     assert c["name"] == "work" and c["status"] == "running" and c["devices"] == ["cpu0", "cpu1"]
     assert c["job"] == "det" and c["job_status"] == "stopped"
-    fleet.ok("stop", "work")
+    stopped = fleet.ok("stop", "work")
+    assert re.search(r"Cluster work: stopped, devices freed, cost \$\d+\.\d{4}$", stopped.stdout,
+                     re.M), stopped.stdout
+    # every second it was reserved is in the ledger: the job's run, and the idle time around it
+    # (the launch before the job, the stop after), billed to its owner as "(idle) work"
+    [work] = fleet.clusters(all_=True)
+    usage = {g["job"]: g for g in fleet.json("usage", "--by", "job", "--json")["groups"]}
+    assert set(usage) == {"det", "(idle) work"}, usage
+    assert usage["det"]["micro_usd"] + usage["(idle) work"]["micro_usd"] == \
+        round(work["cost_usd"] * 1e6)
+    assert usage["det"]["micro_usd"] == round(fleet.status("det")["cost_usd"] * 1e6) > 0
+    assert usage["(idle) work"]["micro_usd"] > 0 and usage["(idle) work"]["jobs"] == 0
+    # `run --resume` says what it will start from before anything happens: the script keeps no
+    # checkpoint of gpufleet's, so it would run again as first started (here it cannot: its
+    # cluster is gone, and nothing was reserved)
+    resumed = fleet("run", "--resume", "det", "-y")
+    assert resumed.returncode == 2, resumed.stdout + resumed.stderr
+    said = " ".join(resumed.stdout.split())
+    assert f"Resuming det: gpufleet holds no checkpoint of it: the script runs again as first " \
+           f"started, {SLEEPER} in {fleet.cwd}, and starts from scratch unless it resumes from " \
+           "files of its own." in said, said
+    assert "which is stopped" in error_lines(resumed.stderr)[0]
+    assert fleet.clusters() == []
 
     # A run that makes a cluster and then cannot create its job (the name is taken) leaves no
     # cluster holding devices.

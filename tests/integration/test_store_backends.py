@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
 from gpufleet.errors import StateError
-from gpufleet.lifecycle import accounts, ledger
+from gpufleet.lifecycle import accounts, job_runs, ledger
 from gpufleet.store import (
     AuditEvent,
     Budget,
@@ -392,6 +392,10 @@ def test_ledger_on_the_store(store: Store) -> None:
 def test_ledger_books_a_running_job(store: Store) -> None:
     cid = add_cluster(store)  # 2.5 USD an hour since t=1000
     jid = add_job(store, cid, user="ada", team="ml")
+    with store.session() as s:  # its run, as `jobs.create` opens it
+        j, c = s.get(Job, jid), s.get(Cluster, cid)
+        assert j is not None and c is not None
+        job_runs.open_run(s, j, c, 1_000.0, fresh=False)
     assert ledger.accrue(store, 1_000.0 + 3600) == 1
     assert ledger.accrue(store, 1_000.0 + 7200) == 1  # the open row grows
     with store.read() as s:

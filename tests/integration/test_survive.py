@@ -136,7 +136,8 @@ def test_killed_supervisor_leaves_nothing_and_resume_skips_a_corrupt_checkpoint(
         fleet: Fleet, tmp_path: Path, ref30: tuple[dict[str, Any], list[float]]) -> None:
     """kill -9 of a detached job's supervisor: its workers and `logs -f` end, the devices are
     freed, the job is `interrupted`. Its newest checkpoint is then damaged on disk: `--resume`
-    sets it aside, resumes from the one before and still ends with the uninterrupted weights."""
+    says which it resumes from, sets it aside, resumes from the one before and still ends with
+    the uninterrupted weights. The job costs both clusters made for it, as the ledger says."""
     ref_weights, _ = ref30
     losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "orphan", "-y", SURVIVE,
@@ -175,7 +176,10 @@ def test_killed_supervisor_leaves_nothing_and_resume_skips_a_corrupt_checkpoint(
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(data)
-    fleet.ok("run", "--resume", "orphan", "-y", timeout=120)
+    first = fleet.status("orphan")["cost_usd"]  # reconciled: the killed run's cost, unbooked
+    resumed = fleet.ok("run", "--resume", "orphan", "-y", timeout=120)
+    assert f"Resuming orphan: from gpufleet's checkpoint at step {step} ({newest}), or the one " \
+           "before it if that one is found damaged." in resumed.stdout, resumed.stdout[:2000]
     s = fleet.status("orphan")
     assert s["status"] == "succeeded" and s["step"] == STEPS
     skipped = [e["reason"] for e in s["events"] if e["kind"] == "checkpoint_skipped"]
@@ -184,6 +188,16 @@ def test_killed_supervisor_leaves_nothing_and_resume_skips_a_corrupt_checkpoint(
     assert (folder / f"{newest.name}.corrupt").is_dir(), "the damaged one is set aside"
     assert same_weights(torch.load(out), ref_weights)
     assert fleet.clusters() == []
+    # billing: the job costs both clusters made for it (the killed run's and the resumed one's),
+    # and the ledger holds exactly that, to the micro-dollar, with no idle time
+    made = fleet.clusters(all_=True)
+    assert len(made) == 2 and all(c["status"] == "stopped" for c in made), made
+    both = sum(round(c["cost_usd"] * 1e6) for c in made)
+    booked = {g["job"]: g["micro_usd"] for g in fleet.json("usage", "--by", "job", "--json")["groups"]}
+    assert booked == {"orphan": both}, (booked, made)
+    assert round(s["cost_usd"] * 1e6) == both
+    assert [r["cost_usd"] for r in fleet.json("jobs", "--json")] == [s["cost_usd"]]
+    assert s["cost_usd"] > first > 0
 
 
 def test_elastic_job_scales_down_and_up_keeping_the_loss_curve(fleet: Fleet,

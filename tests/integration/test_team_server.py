@@ -1,11 +1,15 @@
 """A team server with real users: tokens, a team's GPU quota and monthly budget enforced at
-admission, each user seeing and acting on their own jobs, the ledger equal to the jobs' costs,
-the audit trail, and the one-line errors of bad input, a bad token and an older server."""
+admission, each user seeing and acting on their own jobs, the ledger equal to the jobs' costs
+and a member's idle cluster in the team's spend, the audit trail, and the one-line errors of
+bad input, a bad token and an older server."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
+import re
+import sqlite3
 import subprocess
 import threading
 import time
@@ -19,6 +23,8 @@ import pytest
 from fleet_helpers import CLI, WORKERS, Fleet, _base_env, error_lines, serving
 from test_queue import max_overlap, wait_all_ended
 from test_store_backends import pg_database  # noqa: F401 (a fixture)
+
+from gpufleet.plan.cost import accrued_usd
 
 GATED = str(WORKERS / "gated.py")
 
@@ -141,6 +147,22 @@ def test_a_team_server_enforces_quotas_and_budgets_and_books_every_cost(
     assert theirs.returncode == 2 and "not yours" in theirs.stderr, theirs.stderr
     assert admin("stop", "shared", "-y").returncode == 0
     assert json.loads(admin("list", "--json").stdout) == []
+    # a team member's cluster, reserved and never used: its time is carol's and lab's spend,
+    # and `stop` through the server says what it cost, as it does locally
+    assert users["carol"]("launch", "--gpu", "cpu", "--count", "1", "--name", "lab-dev").returncode == 0
+    stopped = users["carol"]("stop", "lab-dev", "-y")
+    assert stopped.returncode == 0 and re.search(
+        r"^Cluster lab-dev: stopped, devices freed, cost \$\d+\.\d{4}$", stopped.stdout, re.M), \
+        stopped.stdout + stopped.stderr
+    with contextlib.closing(sqlite3.connect(f"file:{srv.home / 'state.db'}?mode=ro", uri=True)) as db:
+        rate, started, ended = db.execute("SELECT usd_per_hour, started_at, stopped_at FROM clusters "
+                                          "WHERE name = 'lab-dev'").fetchone()
+    idle = {g["job"]: g for g in ok_json(admin, "usage", "--by", "job")["groups"]}["(idle) lab-dev"]
+    assert idle["micro_usd"] == round(accrued_usd(rate, started, ended, 0.0) * 1e6) > 0
+    by_team = {g["team"]: g["micro_usd"] for g in ok_json(admin, "usage", "--by", "team")["groups"]}
+    assert by_team["lab"] == booked["c1"] + booked["c2"] + idle["micro_usd"]
+    lab = next(t for t in ok_json(admin, "admin", "teams") if t["team"] == "lab")
+    assert round(lab["spent_usd"] * 1e6) == by_team["lab"]  # what its budget is judged against
     no_admin = users["bob"]("admin", "user", "add", "mallory")
     assert no_admin.returncode == 2 and "only an admin" in no_admin.stderr
     bogus = as_user(make_fleet("bogus", 2), url, "not-a-token")("jobs")

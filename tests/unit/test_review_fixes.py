@@ -1,4 +1,4 @@
-"""Job cost over the job's life, ETA from the first reported step, exact sample totals, the
+"""Job cost over the job's run, ETA from the first reported step, exact sample totals, the
 CPU-slot default, variables a job may not set, and compare-and-set job transitions."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from gpufleet.backends.local import cpu_slot_count
 from gpufleet.errors import SpecError
 from gpufleet.lifecycle import jobs
+from gpufleet.plan import billing
 from gpufleet.spec import JobSpec
 from gpufleet.store import Cluster, Job, Store
 from gpufleet.supervise.progress import Report, Throughput
@@ -24,14 +25,17 @@ def _cluster(started: float = 0.0, stopped: float | None = None) -> Cluster:
                    else "stopped", started_at=started, stopped_at=stopped)
 
 
-def test_job_cost_is_the_clusters_rate_over_the_jobs_life() -> None:
-    job = Job(name="j", created_at=100.0, ended_at=160.0)
-    # the cluster ran from 0 and still runs at 1000: only the job's 60 s count
-    assert job_cost_usd(job, _cluster(), now=1000.0) == pytest.approx(RATE * 60 / 3600)
+def test_job_cost_is_the_clusters_rate_over_the_jobs_run() -> None:
+    # the cluster ran from 0 and still runs at 1000: only the job's run, 100 s to 160 s, counts
+    c = _cluster()
+    job = Job(name="j", created_at=100.0, ended_at=160.0, run_from_micro_usd=None,
+              billed_micro_usd=billing.meter_micro(c, 160.0) - billing.meter_micro(c, 100.0))
+    assert job_cost_usd(job, c, now=1000.0) == pytest.approx(RATE * 60 / 3600)
 
 
 def test_running_job_cost_grows_until_the_cluster_stops() -> None:
-    job = Job(name="j", created_at=100.0)
+    job = Job(name="j", created_at=100.0, billed_micro_usd=0,
+              run_from_micro_usd=billing.meter_micro(_cluster(), 100.0))
     assert job_cost_usd(job, _cluster(), now=130.0) == pytest.approx(RATE * 30 / 3600)
     stopped = _cluster(stopped=120.0)
     assert job_cost_usd(job, stopped, now=500.0) == pytest.approx(RATE * 20 / 3600)

@@ -285,7 +285,8 @@ def make_job(**kw: object) -> Job:
     fields: dict[str, object] = dict(
         name="train-ab12", status="running", world_size=8, created_at=CREATED, started_at=STARTED,
         step=11, total_steps=101, first_step_at=1_020.0, last_report_at=1_070.0, samples=640,
-        loss=1.25, first_loss=4.5, samples_per_s=12.8, reason=None, exit_code=None)
+        loss=1.25, first_loss=4.5, samples_per_s=12.8, reason=None, exit_code=None,
+        billed_micro_usd=0, run_from_micro_usd=0)  # its run began with its cluster (its own)
     fields.update(kw)
     return Job(**fields)
 

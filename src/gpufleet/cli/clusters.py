@@ -251,7 +251,8 @@ def stop(
             out.print(f"Job {name}: {got['status']}")
         except NotFoundError:  # not a job: a cluster of yours on the server
             got = client.call("DELETE", f"/api/v1/clusters/{seg(name)}")
-            out.print(f"Cluster {name}: {got.get('status', 'stopped')}, devices freed")
+            out.print(f"Cluster {name}: {got.get('status', 'stopped')}, devices freed, cost "
+                      f"${got['cost_usd']:.4f}")
         return
     if all_ and not name and _nothing_running():
         out.print("No running clusters.")

@@ -140,7 +140,9 @@ def run(
                               "a server it is not available yet (gpufleet logout, on the "
                               "server's host, to resume there)")])
         st = store()
-        job, on = submit.resume(st, resume, approve_quote(yes), cpu_slots)
+        job, on = submit.resume(st, resume, approve_quote(yes), cpu_slots, say=lambda note:
+                                out.print(f"Resuming {resume}: {note}.", markup=False,
+                                          highlight=False, soft_wrap=True))
         hand_over(st, job, on, detach, cpu_slots)
         return
     flags = {"name": name, "workers_per_node": workers_per_node, "strategy": strategy,

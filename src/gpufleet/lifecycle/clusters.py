@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
-from gpufleet.lifecycle import engine_alloc, owners, pool_index
+from gpufleet.lifecycle import engine_alloc, job_runs, owners, pool_index
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, ClusterStatus
 from gpufleet.plan import cost
 from gpufleet.pool.allocate import allocate, free_devices
@@ -340,7 +340,8 @@ def ids_of(found: list[Placement]) -> list[str]:
 
 
 def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: int | None = None) -> Cluster:
-    """Free the devices and freeze the cost. Jobs still running on it must be stopped first.
+    """Free the devices and freeze the cost (and end any run on it: `job_runs`). Jobs still
+    running on it must be stopped first.
 
     `cluster_id` pins the exact cluster (a job's own), since a name can be reused after a stop.
     """
@@ -357,6 +358,7 @@ def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: i
             s.delete(r)
         c.status = ClusterStatus.STOPPED
         c.stopped_at = time.time()
+        job_runs.cluster_stopped(s, c)
     problem = engine_alloc.release(store, c)  # after the store: a stopped cluster holds nothing
     if problem:
         sys.stderr.write(f"gpufleet: cluster {c.name}: {problem}\n")

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.errors import ConflictError, LimitError, NotFoundError, SpecError
-from gpufleet.lifecycle import owners
+from gpufleet.lifecycle import job_runs, owners
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, JobStatus
 from gpufleet.spec import JobSpec, check_name
 from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
@@ -117,9 +117,12 @@ def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int,
                   spec_json=spec.model_dump_json(), job_dir=str(job_dir),
                   world_size=world_size, created_at=time.time(), samples=0,
                   creator_pid=creator.pid, creator_started=creator.started, user=user,
-                  team=team)
+                  team=team, billed_micro_usd=0)
         s.add(job)
         s.flush()
+        on = s.get(Cluster, cluster.id)
+        assert on is not None
+        job_runs.open_run(s, job, on, job.created_at, fresh=on.for_job == name)
         s.add(Event(job_id=job.id, time=job.created_at, kind=JobStatus.STARTING,
                     reason=f"{world_size} worker(s) on cluster {cluster.name}"))
     job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -144,6 +147,7 @@ def transition(store: Store, job_id: int, status: JobStatus, reason: str = "",
         if status in FINAL:
             job.ended_at = now
             job.reason = reason or job.reason
+            job_runs.job_ended(s, job, now)
         for k, v in (fields or {}).items():
             setattr(job, k, v)
         s.add(Event(job_id=job_id, time=now, kind=status, reason=reason))
@@ -190,7 +194,14 @@ def reopen(store: Store, job: Job, cluster: Cluster, world_size: int, reason: st
         if row is None or row.status not in FINAL:
             raise ConflictError(f"job: '{job.name}' is {row.status if row else 'gone'}; only an "
                                 "ended job can be resumed")
+        before = s.get(Cluster, row.cluster_id)
+        if before is not None:  # still open if the job's own cluster outlived its supervisor
+            job_runs.close_run(s, row, before, now)
+        on = s.get(Cluster, cluster.id)
+        assert on is not None
+        fresh = on.for_job == row.name and on.id != row.cluster_id  # made for this resume
         row.status, row.cluster_id, row.world_size = JobStatus.STARTING, cluster.id, world_size
+        job_runs.open_run(s, row, on, now, fresh)
         row.ended_at = row.exit_code = row.reason = None
         row.supervisor_pid = row.supervisor_started = None
         creator = owners.me()

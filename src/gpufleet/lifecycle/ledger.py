@@ -1,132 +1,132 @@
-"""The billing ledger: each job's cost as rows of (job, user, team, price book, rate, period,
-micro-dollars), and usage summed from them.
+"""The billing ledger: every second each cluster was reserved, as rows of (job, or none for
+idle time; user, team, cluster, price book, rate, period, micro-dollars), and usage summed from
+them.
 
-A job's rows always add up to its cost as every screen shows it (`supervise.view.job_cost_usd`,
-rounded to the micro-dollar): `accrue` computes that cost and books the difference since the
-last time, in the open row while the rate, the book and the calendar month stay the same, in a
-new row when any of them changes (an interval that spans a UTC month start is cut there). So a
-month's spend is its rows, and no sum is ever off by the float rounding of many small additions.
+What each row holds comes from `plan.billing`: for each cluster, each job that ran on it (the
+cost meter's readings at its runs' ends) and the cluster's idle time (the rest of its meter).
+`accrue` books what each of them gained since the last time, over the time it accrued, in the
+open row while the rate, the book, the calendar month and the time run on, in a new row when
+any of them changes (an interval that spans a UTC month start is cut there). So:
+
+- a cluster's rows add up to its cost as `list` and `stop` show it, to the micro-dollar;
+- a job's rows add up to its cost as every screen shows it (`supervise.view.job_cost_usd`),
+  over all its runs: a resume on a new cluster, restarts, resizes, a supervisor killed before
+  anything was booked (its run is closed by `reconcile` from what is stored);
+- idle rows (no job) are billed to the cluster's owner (who launched it or whose job it was
+  made for; the OS user without a server) and the owner's team, and count against its budget;
+- a month's spend is its rows, and no sum is off by the float rounding of many additions.
+
+A stopped cluster, once booked in full, is settled and not read again. Rows booked before
+clusters had rows of their own (revision 0005) name no cluster and stay as they were.
 """
 
 from __future__ import annotations
 
-import calendar
-import itertools
-import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpufleet.lifecycle import accounts
-from gpufleet.lifecycle.status import JOB_ACTIVE
-from gpufleet.store import Cluster, Job, LedgerRow, Store
-from gpufleet.supervise.view import job_cost_usd
+from gpufleet.lifecycle.status import CLUSTER_ACTIVE
+from gpufleet.plan import billing
+from gpufleet.plan.billing import MICRO, by_month, micro, month_start
+from gpufleet.store import Cluster, Job, JobRun, LedgerRow, Store, User
 
-MICRO = 1_000_000
 GROUPS = ("user", "team", "gpu", "job")
+IDLE = "(idle)"  # what `usage --by job` calls a cluster's idle time: "(idle) CLUSTER"
+
+__all__ = ["GROUPS", "IDLE", "MICRO", "accrue", "by_month", "in_window", "micro", "month_start",
+           "rows", "spent_since", "usage"]
+
+T = TypeVar("T")
 
 
-def month_start(t: float) -> float:
-    g = time.gmtime(t)
-    return float(calendar.timegm((g.tm_year, g.tm_mon, 1, 0, 0, 0)))
-
-
-def micro(usd: float) -> int:
-    return round(usd * MICRO)
-
-
-def _next_month(t: float) -> float:
-    g = time.gmtime(t)
-    year, month = (g.tm_year + 1, 1) if g.tm_mon == 12 else (g.tm_year, g.tm_mon + 1)
-    return float(calendar.timegm((year, month, 1, 0, 0, 0)))
-
-
-def by_month(t0: float, t1: float, micro_usd: int) -> list[tuple[float, float, int]]:
-    """`micro_usd` accrued evenly from `t0` to `t1`, as (start, end, amount) cut at each UTC
-    month start between them, so each month's rows hold only that month's cost. The amounts
-    add up to `micro_usd` exactly and are in proportion to time: exact for one rate, as between
-    two accruals on a server; a job first booked long after it ended is spread by time."""
-    if t1 <= t0:  # nothing new, or a correction (the job's end was recorded late)
-        return [(t0, t1, micro_usd)]
-    cuts = [t0]
-    m = _next_month(t0)
-    while m < t1:
-        cuts.append(m)
-        m = _next_month(m)
-    cuts.append(t1)
-    out = []
-    before = 0
-    for a, b in itertools.pairwise(cuts):
-        upto = micro_usd if b == t1 else round(micro_usd * (b - t0) / (t1 - t0))
-        out.append((a, b, upto - before))
-        before = upto
+def _where_in(s: Session, entity: type[T], column: InstrumentedAttribute[Any],
+              ids: Sequence[int]) -> list[T]:
+    out: list[T] = []
+    for at in range(0, len(ids), 500):  # well under SQLite's limit on query parameters
+        out += s.scalars(select(entity).where(column.in_(ids[at:at + 500]))
+                         .order_by(entity.id))  # type: ignore[attr-defined]
     return out
 
 
-def _job_window(j: Job, c: Cluster, now: float) -> tuple[float, float]:
-    start = max(j.created_at, c.started_at or j.created_at)
-    ends = [t for t in (j.ended_at, c.stopped_at) if t is not None]
-    return start, max(start, min(ends) if ends else now)
-
-
-def _continues(row: LedgerRow, c: Cluster, at: float) -> bool:
-    """Whether cost from `at` on goes in `row`: the same rate, book and devices, in its month."""
-    return (row.usd_per_hour == c.usd_per_hour and row.price_book == c.price_book
-            and row.devices == c.count and month_start(row.start) == month_start(at))
+def _line(r: LedgerRow) -> billing.Line:
+    return billing.Line(r.start, r.end, r.micro_usd,
+                        billing.Rate(r.usd_per_hour, r.price_book, r.devices), r.open)
 
 
 def accrue(store: Store, now: float) -> int:
-    """Bring every running job's rows (and those of jobs that ended since) up to `now`; the
-    number of jobs booked. Jobs from before the ledger get their rows the first time.
-
-    The rows of the job's current run (from its window's start on) add up to its cost; a job
-    resumed on a new cluster keeps the rows of its earlier runs, which that cost no longer
-    counts."""
-    booked = 0
+    """Bring the rows of every cluster not yet settled (running, or stopped since it was last
+    booked) up to `now`; the number of clusters booked."""
+    fallback = accounts.os_user()
     with store.session() as s:
-        open_jobs = select(LedgerRow.job_id).where(LedgerRow.open.is_(True))
-        any_rows = select(LedgerRow.job_id)
-        found = s.execute(
-            select(Job, Cluster).join(Cluster, Cluster.id == Job.cluster_id)
-            .where(or_(Job.status.in_(JOB_ACTIVE), Job.id.in_(open_jobs),
-                       Job.id.not_in(any_rows)))).all()
-        fallback = accounts.os_user()
-        for j, c in found:
-            if c.started_at is None:
-                continue
-            every = list(s.scalars(select(LedgerRow).where(LedgerRow.job_id == j.id)
-                                   .order_by(LedgerRow.id)))
-            start, end = _job_window(j, c, now)
-            run = [r for r in every if r.start >= start]
-            for r in every:
-                if r.open and r not in run:
-                    r.open = False  # an earlier run's row, on a cluster this job left
-            delta = micro(job_cost_usd(j, c, now)) - sum(r.micro_usd for r in run)
-            last = next((r for r in reversed(run) if r.open), None)
-            has_rows = bool(every)
-            for a, b, amount in by_month(run[-1].end if run else start, end, delta):
-                if last is not None and _continues(last, c, a):
-                    last.micro_usd += amount
-                    last.end = max(last.start, b)
-                    continue
-                if last is not None:
-                    last.open = False
-                    last = None
-                if amount != 0 or not has_rows:
-                    last = LedgerRow(job_id=j.id, job=j.name, user=j.user or fallback,
-                                     team=j.team, gpu=c.gpu, devices=c.count,
-                                     price_book=c.price_book, usd_per_hour=c.usd_per_hour,
-                                     start=a, end=max(a, b), micro_usd=amount, open=True)
-                    s.add(last)
-                    has_rows = True
-            if j.status not in JOB_ACTIVE:
-                s.flush()
-                for r in s.scalars(select(LedgerRow).where(LedgerRow.job_id == j.id,
-                                                           LedgerRow.open.is_(True))):
-                    r.open = False
-            booked += 1
-    return booked
+        found = [c for c in s.scalars(select(Cluster).where(Cluster.settled.is_not(True))
+                                      .order_by(Cluster.id)) if c.started_at is not None]
+        ids = [c.id for c in found]
+        runs: dict[int, list[billing.Run]] = {}
+        for r in _where_in(s, JobRun, JobRun.cluster_id, ids):
+            runs.setdefault(r.cluster_id, []).append(
+                billing.Run(r.job_id, r.start, r.end, r.from_micro_usd, r.to_micro_usd))
+        jobs = {j.id: j for j in _where_in(s, Job, Job.id,
+                                           sorted({r.job_id for rs in runs.values() for r in rs}))}
+        booked, last = _accounts(s, ids)
+        team_of = {name: team for name, team in s.execute(select(User.name, User.team))}
+        for c in found:
+            dues = billing.dues(c, runs.get(c.id, []), now)
+            for due in dues:
+                payer: tuple[str | None, str, str | None]
+                if due.job_id is not None:
+                    j = jobs[due.job_id]
+                    payer = (j.name, j.user or fallback, j.team)
+                else:  # idle time: the owner's
+                    payer = (None, c.user or fallback, team_of.get(c.user or fallback))
+                key = (c.id, due.job_id)
+                _book(s, c, due, last.get(key), booked.get(key, 0), payer)
+            if c.status not in CLUSTER_ACTIVE and all(d.final for d in dues):
+                c.settled = True
+    return len(found)
+
+
+Account = tuple[int, int | None]  # (cluster id, job id; None: the cluster's idle time)
+
+
+def _accounts(s: Session, ids: Sequence[int]) -> tuple[dict[Account, int], dict[Account, LedgerRow]]:
+    """What the rows of each account of these clusters add up to, and each account's newest
+    row (the only one that may still be open), without reading every row of a long-lived
+    cluster."""
+    booked: dict[Account, int] = {}
+    newest: list[int] = []
+    for at in range(0, len(ids), 500):
+        for cid, jid, total, top in s.execute(
+                select(LedgerRow.cluster_id, LedgerRow.job_id, func.sum(LedgerRow.micro_usd),
+                       func.max(LedgerRow.id))
+                .where(LedgerRow.cluster_id.in_(ids[at:at + 500]))
+                .group_by(LedgerRow.cluster_id, LedgerRow.job_id)):
+            if cid is not None:  # always: the query asked for these clusters
+                booked[(cid, jid)] = int(total)
+                newest.append(top)
+    last = {(r.cluster_id, r.job_id): r for r in _where_in(s, LedgerRow, LedgerRow.id, newest)
+            if r.cluster_id is not None}
+    return booked, last
+
+
+def _book(s: Session, c: Cluster, due: billing.Due, last: LedgerRow | None, booked: int,
+          payer: tuple[str | None, str, str | None]) -> None:
+    """Post `due` to the account whose rows add up to `booked` and end with `last`; `payer`:
+    the rows' job (None: idle time), user and team."""
+    got = billing.post(_line(last) if last is not None else None, booked, due,
+                       billing.Rate(c.usd_per_hour, c.price_book, c.count),
+                       keep_zero=due.job_id is not None)
+    if last is not None and got.last is not None:
+        last.micro_usd, last.end, last.open = got.last.micro_usd, got.last.end, got.last.open
+    job, user, team = payer
+    for new in got.new:
+        s.add(LedgerRow(job_id=due.job_id, job=job, cluster_id=c.id, cluster=c.name, user=user,
+                        team=team, gpu=c.gpu, devices=new.rate.devices,
+                        price_book=new.rate.price_book, usd_per_hour=new.rate.usd_per_hour,
+                        start=new.start, end=new.end, micro_usd=new.micro_usd, open=new.open))
 
 
 def spent_since(store: Store, since: float) -> dict[str, float]:
@@ -165,20 +165,23 @@ def in_window(r: LedgerRow, since: float | None) -> tuple[int, float]:
 
 
 def usage(found: Iterable[LedgerRow], by: str, since: float | None = None) -> dict[str, Any]:
-    """Rows summed per user, team, GPU type or job: dollars, GPU-hours, jobs; and the total,
-    counting from `since` (None: whole rows). Sums are of whole micro-dollars, so the groups
-    add up to the total exactly."""
+    """Rows summed per user, team, GPU type or job: dollars, GPU-hours (reserved: idle time
+    counts), jobs; and the total, counting from `since` (None: whole rows). By job, a
+    cluster's idle time is its own group, "(idle) CLUSTER". Sums are of whole micro-dollars,
+    so the groups add up to the total exactly."""
     groups: dict[str, dict[str, Any]] = {}
     total = 0
     hours = 0.0
     for r in found:
         micro_usd, seconds = in_window(r, since)
-        key = str(getattr(r, by) or "-")
+        key = f"{IDLE} {r.cluster or '-'}" if by == "job" and r.job is None else \
+            str(getattr(r, by) or "-")
         g = groups.setdefault(key, {by: key, "micro_usd": 0, "gpu_hours": 0.0, "jobs": set()})
         g["micro_usd"] += micro_usd
         h = r.devices * seconds / 3600.0
         g["gpu_hours"] += h
-        g["jobs"].add(r.job)
+        if r.job is not None:
+            g["jobs"].add(r.job)
         total += micro_usd
         hours += h
     out = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,10 +201,31 @@ def engine_lines(store: Store, spec: JobSpec, cspec: ClusterSpec | None,
     return tuple(engine.dry_run(ask, job_id, [p.node_id for p in placements], plan))
 
 
-def resume(store: Store, name: str, approve: Approve,
-           cpu_slots: int | None = None) -> tuple[Job, Cluster]:
+def resume_note(store: Store, job: Job, spec: JobSpec) -> str:
+    """What resuming `job` starts from (`restarts.resume_words`): gpufleet's newest complete
+    checkpoint of it, in its folder or its durable folder, or the newest step its events say
+    was copied to a durable URL (not listed here: that would be a network call)."""
+    from gpufleet.supervise import durable, restarts
+    from gpufleet.train import ckpt_files
+
+    found = [(step, str(path)) for step, path in
+             ckpt_files.complete(Path(job.job_dir) / "checkpoints")]
+    if spec.checkpoint_to and not ckpt_files.is_url(spec.checkpoint_to):
+        found += [(step, str(path)) for step, path in
+                  ckpt_files.complete(Path(spec.checkpoint_to))]
+    elif spec.checkpoint_to:
+        copy = durable.state((e.kind, e.reason) for e in jobs.events(store, job.id))
+        if copy is not None and copy.step is not None:
+            found.append((copy.step, spec.checkpoint_to))
+    newest = max(found, key=lambda f: f[0], default=None)
+    return restarts.resume_words(newest, [spec.script, *spec.args], spec.workdir or ".")
+
+
+def resume(store: Store, name: str, approve: Approve, cpu_slots: int | None = None,
+           say: Callable[[str], None] | None = None) -> tuple[Job, Cluster]:
     """An ended job reopened on its cluster (made again, after `approve`, if it was made for
-    the job), to continue from the newest checkpoint in its folder."""
+    the job), to continue from gpufleet's newest checkpoint of it if there is one; `say` hears
+    which (`resume_note`) before anything is reserved."""
     job = jobs.get(store, name)
     if job.status in jobs.ACTIVE:
         raise ConflictError(f"resume: job '{name}' is {job.status}; stop it first "
@@ -211,6 +233,9 @@ def resume(store: Store, name: str, approve: Approve,
     if job.status == JobStatus.SUCCEEDED:
         raise ConflictError(f"resume: job '{name}' already succeeded; nothing to resume")
     spec = jobs.spec_of(job)
+    note = resume_note(store, job, spec)
+    if say is not None:
+        say(note)
     with store.read() as s:
         old = s.get(Cluster, job.cluster_id)
     assert old is not None
@@ -229,8 +254,7 @@ def resume(store: Store, name: str, approve: Approve,
         jobs.check_cluster_free(store, cluster)
         world = first_world(spec, cluster.count, cluster.name, cluster.nodes)
         preflight(spec, cluster.gpu, world)
-        job = jobs.reopen(store, job, cluster, world,
-                          "resumed by gpufleet run --resume, from its newest checkpoint")
+        job = jobs.reopen(store, job, cluster, world, f"resumed by gpufleet run --resume, {note}")
     except GpufleetError:
         if cluster.for_job == job.name and cluster.id != old.id:
             clusters.stop(store, cluster.name, reason="job could not resume", cluster_id=cluster.id)

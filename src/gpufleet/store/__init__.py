@@ -1,5 +1,5 @@
-"""Durable state: clusters, device reservations, jobs, job events, metric samples, diagnoses;
-the queue, users, teams, quotas, the audit trail and the ledger."""
+"""Durable state: clusters, device reservations, jobs and their runs, job events, metric
+samples, diagnoses; the queue, users, teams, quotas, the audit trail and the ledger."""
 
 from gpufleet.store.db import Store, gpufleet_home
 from gpufleet.store.models import (
@@ -9,6 +9,7 @@ from gpufleet.store.models import (
     Diagnosis,
     Event,
     Job,
+    JobRun,
     LedgerRow,
     Metric,
     Pool,
@@ -19,5 +20,5 @@ from gpufleet.store.models import (
     User,
 )
 
-__all__ = ["AuditEvent", "Budget", "Cluster", "Diagnosis", "Event", "Job", "LedgerRow", "Metric", "Pool",
-           "QueuedJob", "Quota", "Reservation", "Store", "Team", "User", "gpufleet_home"]
+__all__ = ["AuditEvent", "Budget", "Cluster", "Diagnosis", "Event", "Job", "JobRun", "LedgerRow", "Metric",
+           "Pool", "QueuedJob", "Quota", "Reservation", "Store", "Team", "User", "gpufleet_home"]

@@ -57,6 +57,8 @@ class Cluster(Base):
     user: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # the engine's own allocation for the cluster (a Slurm job id), released on stop
     engine_ref: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # stopped, and every second of it booked in the ledger: `ledger.accrue` looks no more
+    settled: Mapped[bool | None] = mapped_column(Boolean, nullable=True, default=False)
 
 
 class Pool(Base):
@@ -129,6 +131,26 @@ class Job(Base):
     # team then: what usage and the ledger bill it to
     user: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     team: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # what it cost, in micro-dollars (plan/billing.py): its ended runs, and the meter of its
+    # cluster when its open run began (None: no run open); kept with its `JobRun`s
+    billed_micro_usd: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    run_from_micro_usd: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class JobRun(Base):
+    """One stretch of a job on a cluster (from its start or resume to its end, or to the stop of
+    a cluster made for it), with the cluster's cost meter read in micro-dollars at both ends
+    (plan/billing.py): what the ledger splits a cluster's cost by."""
+
+    __tablename__ = "job_runs"
+
+    id: Mapped[int] = mapped_column(Int64, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("clusters.id"), index=True)
+    start: Mapped[float] = mapped_column(Float)
+    end: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: running
+    from_micro_usd: Mapped[int] = mapped_column(BigInteger)
+    to_micro_usd: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Event(Base):
@@ -281,14 +303,19 @@ class AuditEvent(Base):
 
 
 class LedgerRow(Base):
-    """Money a job accrued at one rate, from `start` to `end` (lifecycle/ledger.py). Amounts
+    """Money a cluster accrued at one rate, from `start` to `end`, for a job running on it or,
+    without a job, for its owner while it was reserved idle (lifecycle/ledger.py). Amounts
     are whole micro-dollars, so any sum of rows is exact."""
 
     __tablename__ = "ledger"
 
     id: Mapped[int] = mapped_column(Int64, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
-    job: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), nullable=True, index=True)
+    job: Mapped[str | None] = mapped_column(String(64), nullable=True)  # None: idle time
+    # None only in rows booked before clusters had rows of their own (revision 0005)
+    cluster_id: Mapped[int | None] = mapped_column(ForeignKey("clusters.id"), nullable=True,
+                                                   index=True)
+    cluster: Mapped[str | None] = mapped_column(String(64), nullable=True)
     user: Mapped[str] = mapped_column(String(64), index=True)
     team: Mapped[str | None] = mapped_column(String(64), nullable=True)
     gpu: Mapped[str] = mapped_column(String(32))

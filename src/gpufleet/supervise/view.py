@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from gpufleet import layout_use
 from gpufleet.lifecycle.status import JOB_ACTIVE
-from gpufleet.plan import cost
+from gpufleet.plan import billing, cost
 
 
 class JobRecord(Protocol):
@@ -60,6 +60,10 @@ class JobRecord(Protocol):
     def reason(self) -> str | None: ...
     @property
     def layout_seen(self) -> str | None: ...
+    @property
+    def billed_micro_usd(self) -> int | None: ...
+    @property
+    def run_from_micro_usd(self) -> int | None: ...
 
 
 class ClusterRecord(Protocol):
@@ -128,14 +132,11 @@ def seconds_per_step(job: JobRecord) -> float | None:
 
 
 def job_cost_usd(job: JobRecord, cluster: ClusterRecord, now: float) -> float:
-    """What the job cost: its cluster's rate over the job's life, within the cluster's life (a
-    cluster idle before or after the job is not the job's cost; `list` shows the cluster's)."""
-    if cluster.started_at is None:
-        return 0.0
-    start = max(job.created_at, cluster.started_at)
-    ends = [t for t in (job.ended_at, cluster.stopped_at) if t is not None]
-    return cost.accrued_usd(cluster.usd_per_hour, start, min(ends) if ends else None, now,
-                            cluster.banked_usd or 0.0, cluster.rate_since)
+    """What the job cost, over all its runs on every cluster it ran on (`plan.billing`: exactly
+    its ledger rows); `cluster` is the one it is on now. A cluster made for the job is the
+    job's from its start to its stop; on a cluster launched apart, the time before and after
+    the job is the cluster's idle time (`list` shows the cluster's whole cost)."""
+    return billing.job_micro(job, cluster, now) / billing.MICRO
 
 
 MODEL_STATE_METRICS = ("params_bytes", "grads_bytes", "optimizer_bytes", "cuda_max_allocated_bytes")

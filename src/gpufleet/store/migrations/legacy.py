@@ -14,7 +14,9 @@ from gpufleet.store.models import Base
 
 BASELINE_TABLES = ("clusters", "pools", "reservations", "jobs", "job_events", "metrics",
                    "findings")
-AFTER_BASELINE = {("jobs", "user"), ("jobs", "team"), ("clusters", "user")}  # from 0002 on
+AFTER_BASELINE = {("jobs", "user"), ("jobs", "team"), ("clusters", "user"),  # from 0002 on
+                  ("jobs", "billed_micro_usd"), ("jobs", "run_from_micro_usd"),  # 0005
+                  ("clusters", "settled")}
 
 
 def _rekey_reservations(conn: Connection) -> None:
