@@ -33,7 +33,7 @@ _SERIAL = ("test_diagnosis_runs::test_a_healthy_run_has_no_warnings",
            "test_diagnosis_runs::test_a_provoked_problem_is_diagnosed[straggler]",
            "test_diagnosis_runs::test_a_provoked_problem_is_diagnosed[stall]",
            "test_bench_calibration::test_benches_calibrate_the_planner",
-           "test_survive::test_elastic_job_scales_down_and_up_keeping_the_loss_curve")
+           "test_survive::test_elastic_shrink_that_hurts_goodput_is_reverted_keeping_the_loss_curve")
 
 
 def group_of(nodeid: str) -> str:

@@ -37,7 +37,8 @@ SPEC_FIELDS = frozenset({
     "script", "args", "name", "cluster", "workers_per_node", "strategy", "dp", "tp", "pp",
     "pp_schedule", "microbatches", "precision", "framework", "model", "env", "max_restarts",
     "hang_timeout", "cooldown", "checkpoint_to", "workers", "scale_up_util", "scale_down_util",
-    "keep", "workdir", "bootstrap", "total_steps", "loss_pattern", "priority", "time_limit"})
+    "scale_tolerance", "keep", "workdir", "bootstrap", "total_steps", "loss_pattern", "priority",
+    "time_limit"})
 SPEC_WORDS = ("strategy", "pp_schedule", "precision", "framework")  # Literal[str] fields
 SPEC_INT_BOUNDS = {"dp": (1, 128), "tp": (1, 128), "pp": (1, 128), "microbatches": (1, 4096)}
 

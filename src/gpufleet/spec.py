@@ -313,6 +313,8 @@ class JobSpec(_Spec):
     scale_up_util: float = Field(0.9, gt=0, le=1)
     scale_down_util: float = Field(0.5, ge=0, lt=1)
     cooldown: str = "60s"
+    # a resize that costs more of the samples per $ than this is reverted (supervise/goodput.py)
+    scale_tolerance: float = 0.1
     keep: bool = False  # keep a cluster made for this job after the job ends
     # the worker bootstrap (gpufleet/bootstrap): step reports, health, error records for any script
     bootstrap: bool = True
@@ -364,6 +366,14 @@ class JobSpec(_Spec):
             raise ValueError(f"not a regular expression ({exc})") from None
         if groups < 1:
             raise ValueError("needs a group around the number, e.g. 'loss=([0-9.]+)'")
+        return v
+
+    @field_validator("scale_tolerance")
+    @classmethod
+    def _tolerance(cls, v: float) -> float:
+        if not 0 <= v < 1:  # NaN too
+            raise ValueError(f"got {v}; must be at least 0 and below 1 (the share of the samples "
+                             "per $ a resize may cost: 0.1 is 10%)")
         return v
 
     @field_validator("hang_timeout", "cooldown", mode="before")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.supervise.elastic import Policy, decide, grad_accum, mean_utilization, sizes
+from gpufleet.supervise.goodput import Holds
 
 NOW = 1_000.0
 POLICY = Policy(min_workers=2, max_workers=8, scale_up_util=0.9, scale_down_util=0.5, cooldown_s=60.0)
@@ -18,8 +19,10 @@ def samples(value: float, start: float = NOW - 35, end: float = NOW) -> list[tup
 
 
 def run(util: list[tuple[float, float]], workers: int = 4, free: int = 8,
-        allowed: list[int] | None = None, since: float = NOW - 120, policy: Policy = POLICY):
-    return decide(policy, ALLOWED if allowed is None else allowed, workers, util, NOW, since, free)
+        allowed: list[int] | None = None, since: float = NOW - 120, policy: Policy = POLICY,
+        holds: Holds = Holds(), ran_at: int = 0):
+    return decide(policy, ALLOWED if allowed is None else allowed, workers, util, NOW, since, free,
+                  holds, ran_at)
 
 
 # ---------------------------------------------------------------- sizes / grad_accum
@@ -151,3 +154,39 @@ def test_mean_utilization_averages_devices_per_second_since_training_began() -> 
     by_device = {"cpu0": [(9.0, 0.1), (10.2, 0.8), (11.0, 0.6)], "cpu1": [(10.4, 0.4), (11.1, 1.0)]}
     assert mean_utilization(by_device, since=10.0) == ((10, pytest.approx(0.6)), (11, 0.8))
     assert mean_utilization({}, since=0.0) == ()
+
+
+# ---------------------------------------------------------------- decide: holds and growing back
+
+
+def test_a_held_off_shrink_stays_and_says_for_how_long() -> None:
+    d = run(samples(0.3), workers=8, free=0, holds=Holds(shrink_until=NOW + 200.0))
+    assert d.workers == 8
+    assert d.reason == "utilization 0.30 <= 0.50 over 30 s, but shrinking is on hold for 200 s more"
+
+
+def test_a_held_off_grow_stays_even_with_free_devices() -> None:
+    d = run(samples(0.95), workers=2, free=6, holds=Holds(grow_until=NOW + 1.0))
+    assert d.workers == 2 and "growing is on hold for 1 s more" in d.reason
+
+
+def test_grows_back_toward_the_size_it_ran_at_whatever_the_utilization() -> None:
+    d = run(samples(0.3), workers=2, free=6, ran_at=8, allowed=[2, 4, 8])
+    assert (d.workers, d.reason) == (4, "growing back toward 8, the size it ran at before")
+    assert run(samples(0.7), workers=2, free=6, ran_at=4).workers == 4
+
+
+def test_grows_back_no_further_than_the_size_it_ran_at() -> None:
+    assert run(samples(0.7), workers=4, free=6, ran_at=4).workers == 4
+    assert run(samples(0.7), workers=2, free=0, ran_at=0).workers == 2
+
+
+def test_no_growing_back_without_free_devices_or_during_a_hold() -> None:
+    d = run(samples(0.7), workers=2, free=1, ran_at=4)
+    assert d.workers == 2 and "the pool has 1 free device(s) and growing to 4 needs 2" in d.reason
+    d = run(samples(0.7), workers=2, free=6, ran_at=4, holds=Holds(grow_until=NOW + 5))
+    assert d.workers == 2 and "on hold" in d.reason
+
+
+def test_a_low_utilization_shrink_comes_before_growing_back() -> None:
+    assert run(samples(0.3), workers=4, free=6, ran_at=8).workers == 2

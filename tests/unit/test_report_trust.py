@@ -25,6 +25,7 @@ from gpufleet.supervise.events import (
     WorkersExited,
     WorkersStarted,
 )
+from gpufleet.supervise.goodput import Mark
 from gpufleet.supervise.intake import Intake
 
 KEY = new_key()
@@ -128,7 +129,8 @@ def test_an_elastic_jobs_exit_for_resize_counts_only_after_its_request_in_this_r
     _, actions = _feed(state, WorkerNote("exit_for_resize", 0), WorkersExited(0), now=1.0)
     assert actions == [Finish(0)]  # before any request: the end, not a resize
     low = tuple((float(t), 0.05) for t in range(6))
-    state, _ = _feed(state, Tick(low), now=5.0)
+    steps = tuple(Mark(float(t), t, 8 * t) for t in range(6))  # what a resize is judged by
+    state, _ = _feed(state, Tick(low, progress=steps), now=5.0)
     assert state.exit_asked and state.resize_target == 1
     state, actions = _feed(state, WorkerNote("exit_for_resize", 0), WorkersExited(0), now=6.0)
     assert actions == [Resize(2, 1)]

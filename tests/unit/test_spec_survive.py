@@ -115,6 +115,19 @@ def test_util_bounds(base: dict[str, Any]) -> None:
     assert [f for f, _ in problems({**base, "scale_down_util": 1.0})] == ["scale_down_util"]
 
 
+def test_scale_tolerance_is_a_share_below_one_and_reaches_the_policy(base: dict[str, Any]) -> None:
+    from gpufleet.supervise.elastic import elastic_plan
+
+    spec = JobSpec.parse({**base, "workers": "1:2"})
+    assert spec.scale_tolerance == 0.1
+    policy, _, _ = elastic_plan(JobSpec.parse({**base, "workers": "1:2", "scale_tolerance": 0}), 2)
+    assert policy is not None and policy.tolerance == 0.0
+    for bad in (1, 1.5, -0.1, float("nan")):
+        found = problems({**base, "scale_tolerance": bad})
+        assert [f for f, _ in found] == ["scale_tolerance"], bad
+        assert f"got {float(bad)}; must be at least 0 and below 1" in found[0][1]
+
+
 def test_elastic_needs_torchrun(base: dict[str, Any]) -> None:
     found = problems({**base, "workers": "2:4", "framework": "accelerate"})
     assert [f for f, _ in found] == ["workers"]

@@ -35,6 +35,7 @@ from gpufleet.supervise.events import (
     WorkersExited,
     WorkersStarted,
 )
+from gpufleet.supervise.goodput import Mark
 from gpufleet.supervise.machine import Config, State
 
 BOOM = WorkersExited(1, rank=1, rank_code=1, error="ValueError: boom", last_lines="x\nValueError: boom")
@@ -191,17 +192,27 @@ def _util(value: float, until: float = 20.0) -> tuple[tuple[float, float], ...]:
     return tuple((float(t), value) for t in range(int(until) + 1))
 
 
+def _marks(until: float, start: float = 0.0, steps_per_s: float = 2.0,
+           per_step: int = 8) -> tuple[Mark, ...]:
+    """Rank 0's reports from `start` to `until`, at `steps_per_s`, `per_step` samples each."""
+    n = int((until - start) * steps_per_s)
+    return tuple(Mark(start + i / steps_per_s, i, i * per_step) for i in range(n + 1))
+
+
 def _tick(state: State, now: float, util: tuple[tuple[float, float], ...],
-          free: int | None = None) -> tuple[State, list[Action]]:
+          free: int | None = None, progress: tuple[Mark, ...] | None = None,
+          ) -> tuple[State, list[Action]]:
     state, _ = _feed(state, Reported(0, 7), Reported(1, 7), now=now)  # still alive
-    return _feed(state, Tick(util, free=free), now=now)
+    marks = _marks(now) if progress is None else progress
+    return _feed(state, Tick(util, free=free, progress=marks), now=now)
 
 
 def test_high_utilization_grows_the_job_through_a_save_and_a_new_run() -> None:
     state = _elastic()
     assert machine.needs_free_devices(state, 20.0, _util(0.95))
     state, actions = _tick(state, 20.0, _util(0.95), free=2)
-    reason = "2 -> 4 workers: utilization 0.95 >= 0.90 over 10 s"
+    reason = ("2 -> 4 workers: utilization 0.95 >= 0.90 over 10 s; trying it against 16.0 "
+              "samples/s on 2")
     assert actions == [RequestWorkers("save_exit", 1), Transition(JobStatus.RESIZING, reason),
                        Say(f"resizing {reason}")]
     assert state.resize_target == 4 and state.hang_timeout_s == 120.0  # doubled while saving
@@ -221,8 +232,8 @@ def test_low_utilization_shrinks_and_the_exit_note_alone_counts_as_the_answer() 
     state = _elastic()
     assert not machine.needs_free_devices(state, 20.0, _util(0.1))  # shrinking asks no pool
     state, actions = _tick(state, 20.0, _util(0.1))
-    assert Transition(JobStatus.RESIZING, "2 -> 1 workers: utilization 0.10 <= 0.20 over 10 s") \
-        in actions
+    assert Transition(JobStatus.RESIZING, "2 -> 1 workers: utilization 0.10 <= 0.20 over 10 s; "
+                      "trying it against 16.0 samples/s on 2") in actions
     state, actions = _feed(state, WorkerNote("exit_for_resize", 0), WorkersExited(0), now=22.0)
     assert actions == [Resize(2, 1)]
     state, actions = _feed(state, Resized(1), now=22.0)
@@ -376,6 +387,8 @@ def test_a_stop_while_healing_starts_nothing() -> None:
 
 
 def test_a_job_shrinks_then_grows_back_as_its_load_changes() -> None:
+    """The shrink keeps its speed on half the workers (kept); growing waits out the hold-off
+    the verdict set, then the utilization grows the job again."""
     policy = elastic.Policy(1, 2, scale_up_util=0.45, scale_down_util=0.2, cooldown_s=3.0)
     state = _running(policy=policy, allowed=(1, 2))
     state, _ = _feed(state, WorkerNote("checkpointer", 0), Reported(0, 1), Reported(1, 1), now=0.0)
@@ -385,13 +398,20 @@ def test_a_job_shrinks_then_grows_back_as_its_load_changes() -> None:
                      WorkersStarted(), now=6.0)
     assert state.workers == 1 and state.training_since is None
     state, _ = _feed(state, Reported(0, 14), now=7.0)
-    busy = tuple((float(t), 0.75) for t in range(7, 12))
-    assert machine.needs_free_devices(state, 11.0, busy)
-    state, actions = _feed(state, Reported(0, 20), Tick(busy, free=1), now=11.0)
-    assert actions == [RequestWorkers("save_exit", 2),
-                       Transition(JobStatus.RESIZING, "1 -> 2 workers: utilization 0.75 >= 0.45 "
-                                  "over 3 s"), Say("resizing 1 -> 2 workers: utilization 0.75 >= "
-                                                   "0.45 over 3 s")]
+    state, actions = _tick(state, 13.0, (), progress=_marks(13.0, start=7.0))
+    assert RecordEvent("resize_kept", "throughput held after 2 -> 1 (16.0 -> 16.0 samples/s; "
+                       "per worker +100%); kept 1; no growing for 5m") in actions
+    busy = tuple((float(t), 0.75) for t in range(10, 15))
+    assert not machine.needs_free_devices(state, 14.0, busy)  # on hold
+    state, actions = _tick(state, 14.0, busy, free=1, progress=_marks(14.0, start=7.0))
+    assert actions == []
+    later = 13.0 + 300.0
+    busy = tuple((later - 5 + t, 0.75) for t in range(6))
+    assert machine.needs_free_devices(state, later, busy)
+    state, actions = _tick(state, later, busy, free=1, progress=_marks(later, start=7.0))
+    reason = "1 -> 2 workers: utilization 0.75 >= 0.45 over 3 s; trying it against 16.0 samples/s on 1"
+    assert actions == [RequestWorkers("save_exit", 2), Transition(JobStatus.RESIZING, reason),
+                       Say(f"resizing {reason}")]
 
 
 # -- the time limit --------------------------------------------------------------------------------

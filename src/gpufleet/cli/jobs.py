@@ -58,7 +58,7 @@ RUN_PANELS = {
                      "microbatches"), LAYOUT),
     **dict.fromkeys(("precision", "framework", "env"), PRECISION),
     **dict.fromkeys(("max_restarts", "hang_timeout", "checkpoint_to", "workers", "scale_up_util",
-                     "scale_down_util", "cooldown", "resume"), SURVIVAL),
+                     "scale_down_util", "cooldown", "scale_tolerance", "resume"), SURVIVAL),
     **dict.fromkeys(("total_steps", "loss_pattern", "bootstrap"), PROGRESS),
     **dict.fromkeys(("priority", "time_limit", "no_queue"), QUEUE),
     **dict.fromkeys(("name", "file", "dry_run", "detach", "yes", "help"), OUTPUT),
@@ -100,13 +100,17 @@ def run(
     checkpoint_to: Annotated[str | None, typer.Option(
         "--checkpoint-to", help="Durable folder or fsspec URL checkpoints are copied to.")] = None,
     workers: Annotated[str | None, typer.Option(
-        "--workers", help="Elastic worker range MIN:MAX, resized on utilization.")] = None,
+        "--workers", help="Elastic worker range MIN:MAX: resizes tried on utilization, kept "
+        "on goodput.")] = None,
     scale_up_util: Annotated[float | None, typer.Option(
-        "--scale-up-util", help="Grow at or above this mean utilization." + default("0.9"))] = None,
+        "--scale-up-util", help="Try growing at or above this mean utilization." + default("0.9"))] = None,
     scale_down_util: Annotated[float | None, typer.Option(
-        "--scale-down-util", help="Shrink at or below this." + default("0.5"))] = None,
+        "--scale-down-util", help="Try shrinking at or below this." + default("0.5"))] = None,
     cooldown: Annotated[str | None, typer.Option(
         "--cooldown", help="Wait after a start or resize before the next." + default("60s"))] = None,
+    scale_tolerance: Annotated[float | None, typer.Option(
+        "--scale-tolerance", help="Revert a resize that lowers samples per $ by more than "
+        "this share." + default("0.1"))] = None,
     resume: Annotated[str | None, typer.Option(
         "--resume", help="Start an ended job again from its last checkpoint.")] = None,
     total_steps: TotalSteps = None,
@@ -151,6 +155,7 @@ def run(
              "keep": keep or None, "hang_timeout": hang_timeout,
              "checkpoint_to": checkpoint_to, "workers": workers, "scale_up_util": scale_up_util,
              "scale_down_util": scale_down_util, "cooldown": cooldown,
+             "scale_tolerance": scale_tolerance,
              "total_steps": total_steps, "loss_pattern": loss_pattern,
              "bootstrap": None if bootstrap else False, "priority": priority,
              "time_limit": time_limit}

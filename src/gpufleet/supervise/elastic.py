@@ -6,6 +6,12 @@ take are the divisors of its maximum (within the range, and only those its paral
 allows), and the loss curve does not notice a resize. Decisions read the mean device
 utilization over a window, wait out a cooldown after every change, and never ask for devices
 the pool does not have.
+
+Utilization is only the trigger to try a resize; whether it stays is judged by goodput
+(`goodput.py`), which also holds off a direction that hurt. A job below the largest size it
+ran at grows back when the devices are free, whatever its utilization: one worker of a job
+that shrank may never reach the grow threshold, and only a trial tells whether two were
+better.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.spec import JobSpec
+from gpufleet.supervise.goodput import DEFAULT_TOLERANCE, Direction, Holds
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,7 @@ class Policy:
     scale_up_util: float  # mean utilization at or above this for a window: grow
     scale_down_util: float  # at or below this: shrink
     cooldown_s: float  # after a start or a resize, before the next decision
+    tolerance: float = DEFAULT_TOLERANCE  # share of samples per $ a resize may cost (goodput)
 
     @property
     def window_s(self) -> float:
@@ -49,9 +57,12 @@ def grad_accum(policy: Policy, workers: int) -> int:
 
 
 def decide(policy: Policy, allowed: list[int], workers: int,
-           util: list[tuple[float, float]], now: float, since: float, free: int) -> Decision:
+           util: list[tuple[float, float]], now: float, since: float, free: int,
+           holds: Holds = Holds(), ran_at: int = 0) -> Decision:
     """`util`: (time, mean utilization of the job's devices) samples; `since`: when the workers
-    started training after the last start or resize; `free`: devices the job could add."""
+    started training after the last start or resize; `free`: devices the job could add;
+    `holds`: the directions goodput verdicts hold off; `ran_at`: the largest size the job
+    has run at (it grows back to it when the devices are free)."""
     if now - since < policy.cooldown_s:
         return Decision(workers, "cooling down")
     recent = [v for t, v in util if t >= now - policy.window_s]
@@ -63,17 +74,31 @@ def decide(policy: Policy, allowed: list[int], workers: int,
     smaller = [w for w in allowed if w < workers]
     window = f"{policy.window_s:.0f} s"
     if mean >= policy.scale_up_util - eps and bigger:
-        room = [w for w in bigger if w - workers <= free]
-        if not room:
-            return Decision(workers, f"utilization {mean:.2f} >= {policy.scale_up_util:.2f} over "
-                            f"{window}, but the pool has {free} free device(s) and growing to "
-                            f"{bigger[0]} needs {bigger[0] - workers}")
-        return Decision(room[0], f"utilization {mean:.2f} >= {policy.scale_up_util:.2f} over "
-                        f"{window}")
+        why = f"utilization {mean:.2f} >= {policy.scale_up_util:.2f} over {window}"
+        return _grow(workers, bigger, free, why, holds, now)
     if mean <= policy.scale_down_util + eps and smaller:
-        return Decision(smaller[-1], f"utilization {mean:.2f} <= {policy.scale_down_util:.2f} "
-                        f"over {window}")
+        why = f"utilization {mean:.2f} <= {policy.scale_down_util:.2f} over {window}"
+        left = holds.left_s(Direction.SHRINK, now)
+        if left > 0:
+            return Decision(workers, f"{why}, but shrinking is on hold for {left:.0f} s more")
+        return Decision(smaller[-1], why)
+    back = [w for w in bigger if w <= ran_at]
+    if back:
+        return _grow(workers, back, free, f"growing back toward {max(back)}, the size it ran "
+                     "at before", holds, now)
     return Decision(workers, f"utilization {mean:.2f} within thresholds")
+
+
+def _grow(workers: int, bigger: list[int], free: int, why: str, holds: Holds,
+          now: float) -> Decision:
+    left = holds.left_s(Direction.GROW, now)
+    if left > 0:
+        return Decision(workers, f"{why}, but growing is on hold for {left:.0f} s more")
+    room = [w for w in bigger if w - workers <= free]
+    if not room:
+        return Decision(workers, f"{why}, but the pool has {free} free device(s) and growing "
+                        f"to {bigger[0]} needs {bigger[0] - workers}")
+    return Decision(room[0], why)
 
 
 def elastic_plan(spec: JobSpec, workers: int) -> tuple[Policy | None, list[int], int]:
@@ -82,7 +107,7 @@ def elastic_plan(spec: JobSpec, workers: int) -> tuple[Policy | None, list[int],
     if bounds is None:
         return None, [workers], workers
     policy = Policy(bounds[0], bounds[1], spec.scale_up_util, spec.scale_down_util,
-                            spec.cooldown_s)
+                    spec.cooldown_s, spec.scale_tolerance)
     allowed = sizes(policy, lambda w: _fits(spec, w))
     return policy, allowed, max([w for w in allowed if w <= workers] or allowed[:1] or [workers])
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpufleet.lifecycle.status import JobStatus
+from gpufleet.supervise.goodput import Mark
 
 # -- events ------------------------------------------------------------------------------------
 
@@ -49,11 +50,13 @@ class Tick:
     """Time passed while the workers run. `util`: (time, mean device utilization) since
     training started; `stopped`: rank -> whether its process is stopped, filled in only when
     `machine.needs_process_states` says so; `free`: devices the job could grow by, filled in
-    only when `machine.needs_free_devices` says so."""
+    only when `machine.needs_free_devices` says so; `progress`: rank 0's reports in this run,
+    for judging a resize by goodput (filled in, like `util`, when an elastic decision is due)."""
 
     util: tuple[tuple[float, float], ...] = ()
     stopped: Mapping[int, bool] = field(default_factory=dict)
     free: int | None = None
+    progress: tuple[Mark, ...] = ()
 
 
 @dataclass(frozen=True)

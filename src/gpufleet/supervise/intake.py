@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from gpufleet.reportauth import Rejection, Verifier
 from gpufleet.store import Cluster, Job, Metric, Store
 from gpufleet.supervise import rejected
 from gpufleet.supervise.events import Event, RecordEvent, Reported, WorkerNote
+from gpufleet.supervise.goodput import Mark
 from gpufleet.supervise.notes import note_of, opt_number
 from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.view import MODEL_STATE_METRICS
@@ -27,6 +29,8 @@ from gpufleet.telemetry.recent import Recent
 from gpufleet.telemetry.schema import DEVICE_METRICS, JOB_RANK, STEP_METRIC
 
 _NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total", "pid")
+MARKS_KEPT_S = 120.0  # rank 0's reports kept for judging a resize (goodput windows are <= 30 s)
+MARKS_KEPT_MIN = 16  # and at least this many, for slow steps
 _PROGRESS = ("step", "total_steps", "samples", "loss", "first_loss", "samples_per_s",
              "first_step", "first_step_at", "last_report_at", "layout_seen")
 
@@ -42,6 +46,7 @@ class Intake:
         self.verifier = Verifier(key)
         self.dropped = rejected.Dropped()
         self.throughput = Throughput()
+        self.marks: deque[Mark] = deque()  # rank 0's reports in this run (goodput.Mark)
         self.pending: list[Metric] = []
         self.lock = threading.Lock()
         self.recent = Recent()
@@ -61,6 +66,7 @@ class Intake:
         self.worker_pids = {}
         self.samples_before = self.job.samples or 0
         self.throughput = Throughput()
+        self.marks = deque()
         self.job.first_step = self.job.first_step_at = None
 
     def datagram(self, data: bytes, pid_ok: Callable[[int], bool]) -> list[Event | RecordEvent]:
@@ -196,6 +202,10 @@ class Intake:
     def _progress_locked(self, r: Report) -> None:
         j = self.job
         self.throughput.add(r)
+        tp = self.throughput
+        self.marks.append(Mark(r.t, r.step, tp.total_samples if tp.saw_samples else None))
+        while len(self.marks) > MARKS_KEPT_MIN and r.t - self.marks[0].t > MARKS_KEPT_S:
+            self.marks.popleft()
         if j.first_step_at is None:
             j.first_step_at, j.first_step = r.t, r.step
         j.step, j.last_report_at = r.step, r.t
@@ -212,6 +222,10 @@ class Intake:
                 j.first_loss = r.loss
         j.samples_per_s = self.throughput.samples_per_s()
         self.progress_dirty = True
+
+    def progress_marks(self) -> tuple[Mark, ...]:
+        with self.lock:
+            return tuple(self.marks)
 
     def flush(self, store: Store) -> None:
         """Progress onto the job's row and the waiting metric rows, in one write."""

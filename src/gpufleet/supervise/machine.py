@@ -177,8 +177,10 @@ def _failed(state: State, ex: WorkersExited | None, found: hang.Hang | None,
     last_lines = ex.last_lines if ex is not None else ""
     failure = outcome.failure(ex, found, state.step, state.checkpoint_step)
     failures = (*state.failures, failure)
+    # a failure ends a pending resize (and its trial; a resize done is still judged after)
+    trial = None if state.resize_target is not None else state.trial
     s = replace(state, failures=failures, resize_target=None, resize_deadline=None,
-                exit_code=code)  # a failure ends a pending resize
+                exit_code=code, trial=trial)
     decision = restarts.decide(list(failures), state.config.max_restarts)
     actions: list[Action] = [EndWorkers(0.0)] if found is not None else []
     actions.append(RecordEvent("hang" if found is not None else "worker_failed",

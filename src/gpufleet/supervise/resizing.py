@@ -1,5 +1,6 @@
 """The machine's elastic transitions: when to ask the workers to save and exit for a new size,
-when to give that up, and how the next run starts at the size the pool could give. Pure.
+when to give that up, how the next run starts at the size the pool could give, and the goodput
+verdict on each resize (kept, or reverted to the size before). Pure.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import re
 from dataclasses import replace
 
 from gpufleet.lifecycle.status import JobStatus
-from gpufleet.supervise import elastic
+from gpufleet.supervise import elastic, goodput
 from gpufleet.supervise.events import (
     Action,
     NewLogRun,
@@ -41,7 +42,7 @@ def _abandon(state: State, now: float) -> Result:
     if s.resize_deadline is None or now <= s.resize_deadline:
         return s, []
     seq = s.control_seq + 1
-    return replace(s, resize_target=None, resize_deadline=None, control_seq=seq), [
+    return replace(s, resize_target=None, resize_deadline=None, control_seq=seq, trial=None), [
         RecordEvent("scale_blocked", f"resize to {s.resize_target} abandoned: the workers did "
                     f"not save within {2 * s.config.hang_timeout_s:.0f} s"),
         RequestWorkers("none", seq),  # supersedes the request, if no rank has read it yet
@@ -50,9 +51,13 @@ def _abandon(state: State, now: float) -> Result:
 
 def autoscale(state: State, tick: Tick, now: float) -> Result:
     s, actions = _abandon(state, now)
-    decision = _policy_decision(s, now, tick.util, tick.free if tick.free is not None else 0)
     policy = s.config.policy
-    if decision is None or policy is None:
+    if policy is None:
+        return s, actions
+    if s.trial is not None and s.resize_target is None:
+        return _verdict(s, tick, now, actions)
+    decision = _policy_decision(s, now, tick.util, tick.free if tick.free is not None else 0)
+    if decision is None:
         return s, actions
     if decision.workers == s.workers:
         if "free device" in decision.reason:
@@ -62,12 +67,45 @@ def autoscale(state: State, tick: Tick, now: float) -> Result:
         return _blocked(s, f"would resize {s.workers} -> {decision.workers} ({decision.reason}), "
                         "but the script has no gpufleet.train.Checkpointer: a resize would lose "
                         "its progress", actions)
-    seq = s.control_seq + 1
-    reason = f"{s.workers} -> {decision.workers} workers: {decision.reason}"
-    s = replace(s, resize_target=decision.workers, control_seq=seq, exit_asked=True,
-                resize_deadline=now + 2 * s.config.hang_timeout_s)
-    return s, [*actions, RequestWorkers("save_exit", seq),
-               Transition(JobStatus.RESIZING, reason), Say(f"resizing {reason}")]
+    before = goodput.measure(tick.progress, s.workers, s.config.usd_per_device_hour,
+                             now - policy.window_s, now, reach_back=True)
+    if before is None:  # too few steps yet to judge the resize by: wait for them
+        return s, actions
+    trial = goodput.Trial(before, decision.workers, decision.reason)
+    return _request(s, decision.workers, f"{s.workers} -> {decision.workers} workers: "
+                    f"{decision.reason}; trying it against {goodput.describe(before)}",
+                    now, actions, trial)
+
+
+def _request(state: State, target: int, reason: str, now: float, actions: list[Action],
+             trial: goodput.Trial | None) -> Result:
+    """Ask the workers to save and exit for a new size."""
+    seq = state.control_seq + 1
+    s = replace(state, resize_target=target, control_seq=seq, exit_asked=True, trial=trial,
+                resize_deadline=now + 2 * state.config.hang_timeout_s)
+    return s, [*actions, RequestWorkers("save_exit", seq), Transition(JobStatus.RESIZING, reason),
+               Say(f"resizing {reason}")]
+
+
+def _verdict(state: State, tick: Tick, now: float, actions: list[Action]) -> Result:
+    """Judge the resize once its after window is measured: keep it, or go back."""
+    policy, trial = state.config.policy, state.trial
+    assert policy is not None and trial is not None
+    if state.training_since is None:
+        return state, actions
+    start, due = goodput.after_window(state.training_since, policy.cooldown_s, policy.window_s)
+    after = goodput.measure(tick.progress, state.workers, state.config.usd_per_device_hour,
+                            start, now) if now >= due else None
+    if after is None:
+        return state, actions
+    j, holds = goodput.judge(trial, after, policy.tolerance, state.holds, policy.cooldown_s, now)
+    s = replace(state, trial=None, judged=(*state.judged, j), holds=holds, last_scale_note="")
+    actions = [*actions, RecordEvent(j.verdict.event, j.text), Say(j.text)]
+    if j.verdict is goodput.Verdict.KEPT:
+        return s, actions
+    back = j.before.workers
+    return _request(s, back, f"{s.workers} -> {back} workers: reverting ({j.summary})", now,
+                    actions, None)
 
 
 def _policy_decision(state: State, now: float, util: tuple[tuple[float, float], ...],
@@ -75,14 +113,16 @@ def _policy_decision(state: State, now: float, util: tuple[tuple[float, float], 
     """The elastic decision (None: no decision is due). Growing needs the pool's free devices:
     with `free` None, it is first asked as if the pool had room."""
     policy = state.config.policy
-    if policy is None or state.resize_target is not None or state.training_since is None:
+    if policy is None or state.resize_target is not None or state.training_since is None \
+            or state.trial is not None:
         return None
     allowed = list(state.config.allowed)
     decision = elastic.decide(policy, allowed, state.workers, list(util), now,
-                              state.training_since, free=policy.max_workers)
+                              state.training_since, policy.max_workers, state.holds,
+                              state.ran_at)
     if decision.workers > state.workers and free is not None:
         decision = elastic.decide(policy, allowed, state.workers, list(util), now,
-                                  state.training_since, free)
+                                  state.training_since, free, state.holds, state.ran_at)
     return decision
 
 
@@ -101,11 +141,14 @@ def resized(state: State, done: Resized, now: float) -> Result:
         actions.append(RecordEvent("scale_blocked", f"{before} -> {target} workers: "
                                    f"{done.blocked}; staying at {before}"))
     workers = done.workers
+    trial = state.trial  # judged once the new run settles; nothing to judge at the old size
+    if trial is not None and (done.blocked is not None or workers != trial.target):
+        trial = None
     policy = state.config.policy
     accum = elastic.grad_accum(policy, workers) if policy else 1
     actions += [RecordEvent("resized", f"{before} -> {workers} workers from the checkpoint at "
                             f"step {state.checkpoint_step}; each rank accumulates {accum} "
                             "micro-batch(es) per step"),
                 NewLogRun(f"resized {before} -> {workers} workers")]
-    s, more = next_run(replace(state, workers=workers, reshaping=None), now)
+    s, more = next_run(replace(state, workers=workers, reshaping=None, trial=trial), now)
     return s, [*actions, *more]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpufleet.lifecycle.status import JobStatus
-from gpufleet.supervise import elastic, outcome, restarts
+from gpufleet.supervise import elastic, goodput, outcome, restarts
 from gpufleet.supervise.events import Action, Heal, StartWorkers, Transition
 
 Phase = Literal["idle", "running", "backoff", "healing", "reshaping", "done"]
@@ -25,6 +25,7 @@ class Config:
     allowed: tuple[int, ...] = ()  # the sizes an elastic job may take
     heals: bool = False  # the engine can lose nodes: heal before every run after the first
     time_limit_s: float | None = None  # from the first start, over every restart (--time-limit)
+    usd_per_device_hour: float = 0.0  # the cluster's rate per device: goodput per dollar
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class State:
     last_scale_note: str = ""
     last_policy: float = 0.0
     first_started_at: float | None = None  # the first run's start, for the time limit
+    ran_at: int = 0  # the largest size the job has run at (an elastic job grows back to it)
+    trial: goodput.Trial | None = None  # a resize waiting for its goodput verdict
+    judged: tuple[goodput.Judgement, ...] = ()  # every verdict, oldest first
+    holds: goodput.Holds = field(default_factory=goodput.Holds)  # directions held off
 
     @property
     def ending(self) -> outcome.Ending:
@@ -78,7 +83,8 @@ def start_run(state: State, now: float) -> Result:
     """A new run of the workers at the current size."""
     runs = state.runs + 1
     s = replace(state, phase="running", runs=runs, started_at=now, training_since=None,
-                last_seen={}, exited_for_resize=False, exit_asked=False, last_policy=0.0)
+                last_seen={}, exited_for_resize=False, exit_asked=False, last_policy=0.0,
+                ran_at=max(state.ran_at, state.workers))
     actions: list[Action] = [StartWorkers(s.workers, runs)]
     if runs > 1:
         actions.append(Transition(JobStatus.RUNNING, f"{s.workers} worker(s) on "

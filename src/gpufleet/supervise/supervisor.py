@@ -79,7 +79,8 @@ class Supervisor:
         config = machine.Config(
             cluster_name=cluster.name, max_restarts=self.spec.max_restarts,
             hang_timeout_s=self.spec.hang_timeout_s, policy=self.policy, allowed=tuple(allowed),
-            heals=backend.capabilities.multi_node, time_limit_s=self.spec.time_limit_s)
+            heals=backend.capabilities.multi_node, time_limit_s=self.spec.time_limit_s,
+            usd_per_device_hour=cluster.usd_per_hour / cluster.count if cluster.count else 0.0)
         self.state = machine.initial(config, workers, job.step)
         self.effects = Effects(self)
         self.store_watch = StoreWatch(store.path)  # the state file removed under the job
@@ -243,18 +244,21 @@ class Supervisor:
         state = self.state
         stopped = report_port.stopped(self.intake.worker_pids) \
             if machine.needs_process_states(state, now) else {}
-        util = self._utilization(now)
+        due = self._policy_due(now)
+        util = self._utilization(now) if due else ()
         free = self.effects.free_devices() if machine.needs_free_devices(state, now, util) \
             else None
-        return ev.Tick(util, stopped, free)
+        return ev.Tick(util, stopped, free, self.intake.progress_marks() if due else ())
+
+    def _policy_due(self, now: float) -> bool:
+        """Whether an elastic decision (or a resize's verdict) is due: only then does the Tick
+        carry the utilization and the run's reports."""
+        return self.policy is not None and self.state.training_since is not None and \
+            now - self.state.last_policy >= machine.POLICY_EVERY_S
 
     def _utilization(self, now: float) -> tuple[tuple[float, float], ...]:
-        """The mean utilization of the job's devices per second since training started (only
-        for an elastic job's decision that is due)."""
-        since = self.state.training_since
-        if self.policy is None or since is None or \
-                now - self.state.last_policy < machine.POLICY_EVERY_S:
-            return ()
+        """The mean utilization of the job's devices per second since training started."""
+        since = self.state.training_since or now
         return mean_utilization(self.recent.snapshot(now).get("gpu_utilization", {}), since)
 
     def _exited(self, code: int, sock: socket.socket) -> None:

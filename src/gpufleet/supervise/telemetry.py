@@ -21,10 +21,12 @@ from gpufleet import catalog
 from gpufleet.backends.local import cpu_slot_count
 from gpufleet.pool.model import Placement
 from gpufleet.store import Metric, retention
+from gpufleet.supervise.goodput import Verdict
 from gpufleet.supervise.view import seconds_per_step
 from gpufleet.telemetry import records
 from gpufleet.telemetry.collect import CpuSampler, NvmlSampler
 from gpufleet.telemetry.diagnose import Inputs, Thresholds, diagnose
+from gpufleet.telemetry.findings import ResizeVerdict
 from gpufleet.telemetry.schema import DEVICE_METRICS
 
 if TYPE_CHECKING:
@@ -158,6 +160,9 @@ class TelemetryState:
             baseline_samples_per_s=self.baseline, reports_expected=sup.intake.reports_expected,
             job=job.name, failed_rank=self.blamed_rank,
             exit_code=sup.state.exit_code if final else None,
+            resizes=tuple(ResizeVerdict(j.before.workers, j.after.workers,
+                                        j.verdict is Verdict.REVERTED, j.text, j.trigger)
+                          for j in sup.state.judged),
         )
 
     def diagnose(self, now: float, final: bool = False) -> None:

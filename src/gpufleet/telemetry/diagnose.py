@@ -4,7 +4,7 @@ The supervisor calls `diagnose` every few seconds with what it has in memory (re
 per rank and per device, the tail of the workers' output, the job's progress) and stores the
 findings; the dashboard, `status` and `/metrics` only read them. Every rule is a function of
 `Inputs` and `Thresholds` (telemetry/findings.py), so each can be tested on synthetic series;
-the rules live in rules_speed.py and rules_faults.py.
+the rules live in rules_speed.py, rules_faults.py and rules_elastic.py.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpufleet.telemetry.findings import Finding, Inputs, Rule, Series, Severity, Thresholds
+from gpufleet.telemetry.rules_elastic import resizes
 from gpufleet.telemetry.rules_faults import comm_timeout, memory, precision, worker_error
 from gpufleet.telemetry.rules_speed import data_loading, no_steps, scaling, stalled, straggler
 
 __all__ = ["Finding", "Inputs", "Series", "Severity", "Thresholds", "diagnose"]
 
 RULES: tuple[Rule, ...] = (data_loading, memory, scaling, comm_timeout, worker_error, straggler,
-                           stalled, precision, no_steps)
+                           stalled, precision, no_steps, resizes)
 
 _ORDER: dict[Severity, int] = {"critical": 0, "warning": 1, "info": 2}
 

@@ -14,6 +14,17 @@ Series = dict[str, dict[int, list[tuple[float, float]]]]
 
 
 @dataclass(frozen=True)
+class ResizeVerdict:
+    """An elastic resize the supervisor judged by goodput (supervise/goodput.py)."""
+
+    before: int  # workers
+    after: int
+    reverted: bool
+    text: str  # the verdict with its figures, as the job's event says it
+    trigger: str = ""  # why it was tried: "utilization 0.42 <= 0.50 over 15 s", growing back
+
+
+@dataclass(frozen=True)
 class Inputs:
     now: float
     status: str  # the job's status: starting, running, ...
@@ -39,6 +50,7 @@ class Inputs:
     job: str = ""  # the job's name, for the commands a fix names
     failed_rank: int | None = None  # the rank the failure reason blames (its error record)
     exit_code: int | None = None  # the workers' exit code, in the round after they ended
+    resizes: tuple[ResizeVerdict, ...] = ()  # an elastic job's judged resizes, oldest first
 
 
 @dataclass(frozen=True)
@@ -62,7 +74,7 @@ class Thresholds:
 @dataclass(frozen=True)
 class Finding:
     rule: str  # data_loading, memory, scaling, comm_timeout, worker_error, straggler, stalled,
-    # precision
+    # precision, no_steps, elastic
     severity: Severity
     title: str  # one line: what is wrong
     detail: str  # the evidence, with the numbers

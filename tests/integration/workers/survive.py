@@ -3,8 +3,9 @@
 Rank 0 appends every step's loss (averaged over ranks) and world size to --losses, across
 restarts, and writes the final weights to --out. --slow-until STEP makes each step sleep (low
 utilization) before that step; steps after it run a busy loop (high utilization), for the
-autoscaling test. --die-at STEP kills rank --die-rank with SIGKILL there, once (a marker file
-next to --losses remembers it).
+autoscaling test; --alone-sleep S adds S seconds to every step while the job runs on one
+worker (a shrink that ruins the throughput, for the goodput verdict). --die-at STEP kills rank
+--die-rank with SIGKILL there, once (a marker file next to --losses remembers it).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main() -> None:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--slow-until", type=int, default=0)
     p.add_argument("--busy-s", type=float, default=0.0)
+    p.add_argument("--alone-sleep", type=float, default=0.0)
     p.add_argument("--die-at", type=int, default=0)
     p.add_argument("--die-rank", type=int, default=1)
     p.add_argument("--batch", type=int, default=8)
@@ -84,6 +86,8 @@ def main() -> None:
             end = time.perf_counter() + args.busy_s
             while time.perf_counter() < end:
                 torch.mm(busy, busy)
+        if ctx.world_size == 1:
+            time.sleep(args.alone_sleep)
         if ctx.rank == 0:
             with args.losses.open("a") as f:
                 f.write(json.dumps({"step": step, "loss": loss.item(), "world": ctx.world_size,
