@@ -24,9 +24,9 @@ from gpufleet import cluster_row
 from gpufleet.lifecycle.status import JOB_ACTIVE
 from gpufleet.parallelism import LayoutError, resolve
 from gpufleet.snapshot import SCHEMA_VERSION, Declined, read_only
-from gpufleet.supervise import durable
+from gpufleet.supervise import durable, timeline
 from gpufleet.supervise.view import MODEL_STATE_METRICS, job_view
-from gpufleet.telemetry.schema import JOB_RANK
+from gpufleet.telemetry.schema import JOB_RANK, STEP_METRIC
 
 ACTIVE = tuple(str(s) for s in JOB_ACTIVE)
 LATEST_WINDOW_S = 30.0  # telemetry.records.latest's default window
@@ -173,6 +173,7 @@ def _detail(db: sqlite3.Connection, name: str, now: float) -> dict[str, Any]:
         "durable_copy": durable.of_rows(events),
         "findings": _findings(db, job.id),
         "latest": _latest(db, job.name),
+        **timeline.of_rows(events, lambda t: _rank0_step_at(db, job.name, t)),
     }
 
 
@@ -219,6 +220,13 @@ def _latest(db: sqlite3.Connection, job: str) -> dict[str, dict[str, float]]:
             "ORDER BY time", [job, newest[0] - LATEST_WINDOW_S]):
         out.setdefault(_label(rank, device), {})[name] = value  # later rows win
     return out
+
+
+def _rank0_step_at(db: sqlite3.Connection, job: str, t: float) -> float | None:
+    """`records.rank0_step_at`: rank 0's newest step sample at or before `t`."""
+    found = db.execute("SELECT value FROM metrics WHERE job = ? AND name = ? AND rank = 0 AND "
+                       "time <= ? ORDER BY time DESC LIMIT 1", [job, STEP_METRIC, t]).fetchone()
+    return None if found is None else float(found[0])
 
 
 def _model_state(db: sqlite3.Connection, job: str) -> dict[int, dict[str, float]]:

@@ -78,14 +78,22 @@ def job_panel(v: JobView) -> Panel:
     grid = Table.grid()
     grid.add_row(bar)
     grid.add_row(line)
+    if v.no_report_s is not None:  # the hang timeout may still be minutes away
+        grid.add_row(Text(quiet_text(v.no_report_s), style="bold yellow"))
     title = f"{v.job} on {v.cluster} ({v.world_size} x {v.gpu}) - {v.status}"
     return Panel(grid, title=title, title_align="left")
+
+
+def quiet_text(seconds: float) -> str:
+    """`no report for 42 s`: rank 0 has gone quiet (supervise.view.no_report_s)."""
+    return f"no report for {seconds:.0f} s"
 
 
 def progress_line(v: JobView) -> str:
     return (f"[gpufleet] {v.job} step {v.step or 0}/{v.total_steps or '?'} "
             f"samples/s {num(v.samples_per_s, '.1f')} loss {num(v.loss)} "
-            f"cost {usd(v.cost_usd)} ETA {duration(v.eta_s)}")
+            f"cost {usd(v.cost_usd)} ETA {duration(v.eta_s)}"
+            + (f" {quiet_text(v.no_report_s)}" if v.no_report_s is not None else ""))
 
 
 def model_state_line(state: dict[int, dict[str, float]]) -> str:
@@ -151,7 +159,8 @@ def status_view(detail: dict[str, Any]) -> RenderableType:
     events, from `views.job_detail` (what the dashboard shows)."""
     from gpufleet.supervise.view import JobView
 
-    v = JobView(**{k: detail[k] for k in JobView.__dataclass_fields__})
+    # a field a server of an earlier version does not send keeps its default
+    v = JobView(**{k: detail[k] for k in JobView.__dataclass_fields__ if k in detail})
     parts: list[RenderableType] = [
         job_panel(v) if v.status in JOB_ACTIVE else summary_table(v)]
     copy = detail.get("durable_copy")

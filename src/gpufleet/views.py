@@ -16,9 +16,10 @@ from sqlalchemy import func, select
 from gpufleet import cluster_row
 from gpufleet.errors import GpufleetError, NotFoundError
 from gpufleet.lifecycle import clusters, jobs, pools, reconcile
+from gpufleet.lifecycle.status import JobStatus
 from gpufleet.pool.model import Node, Placement
-from gpufleet.store import Cluster, Job, Store
-from gpufleet.supervise import durable
+from gpufleet.store import Cluster, Event, Job, Store
+from gpufleet.supervise import durable, timeline
 from gpufleet.supervise.view import JobView, job_view
 from gpufleet.telemetry import records
 
@@ -105,8 +106,8 @@ def all_clusters(store: Store, now: float, active_only: bool = False,
 
 def views(store: Store, now: float, limit: int = 200, since: float | None = None,
           user: str | None = None) -> list[tuple[Job, Cluster, JobView]]:
-    """Jobs newest first, with their view; `since`: only jobs active or ended after it;
-    `user`: only theirs."""
+    """Jobs newest first, with their view (model state and silence included, as `job_detail`
+    has them); `since`: only jobs active or ended after it; `user`: only theirs."""
     q = select(Job, Cluster).join(Cluster, Cluster.id == Job.cluster_id) \
         .order_by(Job.id.desc()).limit(limit)
     if since is not None:
@@ -115,20 +116,32 @@ def views(store: Store, now: float, limit: int = 200, since: float | None = None
         q = q.where(Job.user == user)
     with store.read() as s:
         rows = [(row[0], row[1]) for row in s.execute(q)]
-    return [(j, c, job_view(j, c, now)) for j, c in rows]
+        running = [j.id for j, _ in rows if j.status == JobStatus.RUNNING]
+        events: dict[int, list[tuple[float, str, str]]] = {}
+        for jid, t, kind, reason in s.execute(select(
+                Event.job_id, Event.time, Event.kind, Event.reason).where(
+                Event.job_id.in_(running)).order_by(Event.time, Event.id)) if running else ():
+            events.setdefault(jid, []).append((t, kind, reason or ""))
+    started = {jid: timeline.current_start(found) for jid, found in events.items()}
+    states = jobs.model_states(store, [j.name for j, _ in rows])
+    return [(j, c, job_view(j, c, now, states.get(j.name), run_started_at=started.get(j.id)))
+            for j, c in rows]
 
 
 def job_detail(store: Store, name: str, now: float) -> dict[str, Any]:
     """One job: its view's fields (progress, cost, ETA, projected cost) at the top, then its
-    cluster, events, findings, and the newest value of every device and rank series."""
+    cluster, events, findings, the newest value of every device and rank series, and its
+    runs, restarts and chart markers (`supervise.timeline`)."""
     j = reconcile.refresh(store, name)
     with store.read() as s:
         c = s.get(Cluster, j.cluster_id)
     if c is None:
         raise NotFoundError(f"job: '{name}' has no cluster record")
-    view = job_view(j, c, now, jobs.model_state(store, j.name))
     events = [{"time": e.time, "kind": e.kind, "reason": e.reason}
               for e in jobs.events(store, j.id)]
+    lines = timeline.of_rows(events, lambda t: records.rank0_step_at(store, j.name, t))
+    view = job_view(j, c, now, jobs.model_state(store, j.name),
+                    run_started_at=lines["runs"][-1]["start"] if lines["runs"] else None)
     return {
         **view.as_dict(),
         "now": now,
@@ -137,6 +150,7 @@ def job_detail(store: Store, name: str, now: float) -> dict[str, Any]:
         "durable_copy": durable.of_rows(events),
         "findings": records.findings(store, j.id),
         "latest": records.latest(store, j.name),
+        **lines,
     }
 
 

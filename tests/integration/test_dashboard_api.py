@@ -7,8 +7,10 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,16 @@ def test_api_and_metrics_follow_a_running_job(fleet: Fleet, dashboard: str) -> N
     assert after - before < 2
     fleet.ok("stop", "api")
 
+    # once it ended: its outcome stays for 5 minutes, its devices' and ranks' gauges go (the
+    # devices may run the next job already: `sum by (gpu)` would count them twice)
+    ended = _metrics(httpx.get(dashboard.rstrip("/") + "/metrics", timeout=10).text)
+    mine = [(name, lab) for name, rows in ended.items() for lab, _ in rows
+            if lab.get("gpufleet_job") == "api"]
+    assert {"gpufleet_job_running", "gpufleet_job_cost_usd", "gpufleet_job_step"} <= {
+        name for name, _ in mine}
+    assert [v for lab, v in ended["gpufleet_job_running"] if lab["gpufleet_job"] == "api"] == [0]
+    assert [name for name, lab in mine if "gpu" in lab or "rank" in lab] == []
+
 
 def test_loopback_dashboard_refuses_a_name_it_does_not_know(fleet: Fleet) -> None:
     r = fleet("dashboard", "nosuchjob", "--port", "0", timeout=30)
@@ -180,4 +192,118 @@ def test_a_token_app_refuses_every_request_without_it(tmp_path: Path) -> None:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+        store.close()
+
+
+@contextmanager
+def _served(app: Any) -> Iterator[str]:
+    """`app` on a real server on 127.0.0.1, port 0; yields its base URL."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.started, "the server did not start in 20 s"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def _two_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A job through the real supervisor loop and a real SQLite store, its workers played by the
+    fake backend (no torch): model-state bytes in rank 0's reports, rank 1 failing at step 3 of
+    the first run, a second run from step 1 (no checkpoint) that succeeds. Returns the store."""
+    from gpufleet.backends.fake import Exit, FakeBackend, FakeRun, Pause, Send, WorkerEvent
+    from gpufleet.lifecycle import clusters, jobs
+    from gpufleet.spec import ClusterSpec, JobSpec
+    from gpufleet.store import Store
+    from gpufleet.supervise.supervisor import Supervisor
+
+    monkeypatch.setenv("GPUFLEET_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUFLEET_TELEMETRY", "0")
+
+    def handler(run: FakeRun) -> Iterator[WorkerEvent]:
+        for step in range(1, 4 if run.number == 1 else 3):
+            for rank in (0, 1):
+                state = {"params_bytes": 4096.0 * (rank + 1), "grads_bytes": 4096.0,
+                         "optimizer_bytes": 8192.0}
+                yield Send({"t": time.time(), "rank": rank, "step": step, "samples": 8,
+                            "loss": 2.0 / step, **state})
+        yield Pause(0.3)  # the reports reach the socket before the exit is seen
+        if run.number == 1:
+            yield Exit(1)
+        yield Exit(0)
+
+    store = Store(url=f"sqlite:///{tmp_path}/state.db")
+    backend = FakeBackend(handler)
+    cluster = clusters.launch(store, ClusterSpec.parse({"gpu": "cpu", "count": 2, "name": "dev"}),
+                              backend.discover())
+    job = jobs.create(store, JobSpec(script="train.py", name="two", max_restarts=1), cluster, 2)
+    done: list[Any] = []
+    thread = threading.Thread(target=lambda: done.append(Supervisor(store, job, cluster,
+                                                                    backend).run()))
+    thread.start()
+    thread.join(timeout=60)
+    assert done and done[0].status == "succeeded", done
+    return store
+
+
+def test_api_index_model_state_runs_and_markers_on_both_servers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`/api` lists the routes on the dashboard and the team server; `/api/jobs` carries the
+    model-state bytes `/api/jobs/NAME` (and the summary) read, from the same rows; the job's
+    detail carries its runs, restart count and markers, each at rank 0's step by then."""
+    from gpufleet.lifecycle import jobs
+    from gpufleet.server.api import create_api
+    from gpufleet.web.app import create_app
+
+    store = _two_runs(tmp_path, monkeypatch)
+    expected_state = {"0": {"params_bytes": 4096.0, "grads_bytes": 4096.0,
+                            "optimizer_bytes": 8192.0},
+                      "1": {"params_bytes": 8192.0, "grads_bytes": 4096.0,
+                            "optimizer_bytes": 8192.0}}
+    assert {str(k): v for k, v in jobs.model_state(store, "two").items()} == expected_state
+    try:
+        with _served(create_app(store)) as url, httpx.Client(base_url=url, timeout=10) as http:
+            index = http.get("/api").json()
+            assert http.get("/api/").json() == index
+            assert {"path": "/api/jobs", "method": "GET"} in [
+                {k: r[k] for k in ("path", "method")} for r in index]
+            assert all(r["description"] for r in index)
+
+            [listed] = http.get("/api/jobs").json()
+            detail = http.get("/api/jobs/two").json()
+            assert listed["model_state"] == detail["model_state"] == expected_state
+            assert [(r["number"], r["cause"]) for r in detail["runs"]] == [
+                (1, "start"), (2, "restart")]
+            assert detail["restarts"] == 1
+            [mark] = detail["markers"]
+            assert (mark["kind"], mark["label"], mark["step"]) == ("restarting", "restart", 3.0)
+            assert detail["runs"][0]["start"] < mark["time"] < detail["runs"][1]["start"]
+            assert "restart 1 of 1" in mark["text"]  # the event's reason, for the hover
+
+        owner = "owner-token"
+        with _served(create_api(store, owner_token=owner)) as url, \
+                httpx.Client(base_url=url, timeout=10) as http:
+            assert http.get("/api").status_code == 401  # like every route but the version
+            bearer = {"Authorization": f"Bearer {owner}"}
+            index = http.get("/api/", headers=bearer).json()
+            paths = {(r["method"], r["path"]) for r in index}
+            assert {("GET", "/api/v1/jobs"), ("POST", "/api/v1/jobs"), ("GET", "/api/jobs"),
+                    ("GET", "/metrics")} <= paths
+            assert all(r["description"] for r in index)
+            [listed] = http.get("/api/jobs", headers=bearer).json()
+            assert listed["model_state"] == expected_state
+            assert http.get("/api/jobs/two", headers=bearer).json()["runs"] == detail["runs"]
+    finally:
         store.close()

@@ -13,7 +13,8 @@ from typing import Any
 
 import psutil
 import pytest
-from fleet_helpers import EXAMPLES, WORKERS, Fleet, error_lines, wait_no_leftovers
+from fleet_helpers import CLI, EXAMPLES, WORKERS, Fleet, error_lines, wait_no_leftovers
+from terminal import PtyProcess, screen
 
 SLEEPER = str(WORKERS / "sleeper.py")
 MLP = str(EXAMPLES / "mlp.py")
@@ -120,18 +121,24 @@ def test_gpt_job_has_a_log_for_every_rank(gpt_run: GptRun) -> None:
 
 
 def test_ctrl_c_stops_a_foreground_job(fleet: Fleet) -> None:
-    proc = fleet.popen("run", "--gpu", "cpu", "--count", "2", "--name", "sleepy", "-y", SLEEPER,
-                       sigint_default=True, merge_stderr=True)
+    """Ctrl-C pressed in a real terminal (a pty, 80 columns): the job stops, its devices are
+    freed, and the live panel is gone before the summary, with no torn border left above it."""
+    cols = 80
+    proc = PtyProcess([*CLI, "run", "--gpu", "cpu", "--count", "2", "--name", "sleepy", "-y",
+                       SLEEPER], fleet.env(), str(fleet.cwd), cols=cols)
     try:
-        fleet.wait_for_step("sleepy", 2, proc=proc)
+        fleet.wait_for_step("sleepy", 2, proc=proc)  # type: ignore[arg-type]
         assert len(fleet.clusters()[0]["devices"]) == 2
         assert len(workers(fleet.home, SLEEPER)) == 2, "two workers run"
+        deadline = time.monotonic() + 30  # the panel (a full-width box) is on the screen
+        while "╭─ sleepy on" not in proc.output and time.monotonic() < deadline:
+            time.sleep(0.1)
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        proc.press_ctrl_c()
         out, _ = proc.communicate(timeout=20)
         took = time.monotonic() - t0
     finally:
-        end(proc)
+        end(proc)  # type: ignore[arg-type]
     assert took < 15, f"Ctrl-C took {took:.1f}s"
     assert proc.returncode == 130, "a shell reports 130 for a command ended by Ctrl-C"
     assert not wait_no_leftovers(fleet.home, SLEEPER, timeout=2), "workers survived Ctrl-C"
@@ -145,7 +152,11 @@ def test_ctrl_c_stops_a_foreground_job(fleet: Fleet) -> None:
     # the devices really are free again
     assert fleet.json("launch", "--gpu", "cpu", "--count", "2", "-y", "--json")["devices"] == [
         "cpu0", "cpu1"]
-    assert "Job sleepy: stopped" in out
+    assert "╭─ sleepy on" in out, "the live panel was drawn"
+    shown = screen(out, cols)
+    summary = shown.index("Job sleepy: stopped")
+    # the panel was erased whole: no rounded corner of it left (the tables are square)
+    assert [ln for ln in shown if "╭" in ln or "╰" in ln] == [], shown[summary - 3:summary + 1]
 
 
 def test_hangup_of_a_foreground_job_ends_its_workers(fleet: Fleet) -> None:

@@ -72,6 +72,9 @@ def _serve_briefly(fleet: Fleet, argv: list[str]) -> list[str]:
                     assert page.status == 200 and "gpufleet" in page.read().decode().lower()
                 with urllib.request.urlopen(url + "api/clusters", timeout=10) as api:
                     clusters = json.loads(api.read())
+                with urllib.request.urlopen(url + "api", timeout=10) as api:  # "/api, /metrics"
+                    routes = {(r["method"], r["path"]) for r in json.loads(api.read())}
+                assert {("GET", "/api/clusters"), ("GET", "/metrics")} <= routes, routes
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:

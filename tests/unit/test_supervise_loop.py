@@ -185,3 +185,55 @@ def test_datagrams_without_the_jobs_signature_change_nothing_and_are_told_once(
     assert 1 <= len(told) <= 2
     assert f"({len(forged)} so far: {len(forged)} unsigned)" in told[-1]
     assert "GPUFLEET_REPORT_KEY" not in (Path(job.job_dir) / "command.json").read_text()
+
+
+def test_a_rank_that_goes_quiet_is_told_by_status_before_the_hang_timeout(store: Store) -> None:
+    """Reports, then silence with the workers alive: `status` (text and --json, the dashboard's
+    detail and list) says "no report for N s" once rank 0's newest report is older than the
+    limit, N from the record and `now`; the 5-minute hang timeout is far off."""
+    from gpufleet import ui, views
+    from gpufleet.supervise.view import STALE_FLOOR_S
+
+    quiet = threading.Event()
+
+    def handler(run: FakeRun) -> Iterator[WorkerEvent]:
+        yield from _reports(3)
+        quiet.set()
+        yield Pause(60.0)  # alive, but silent
+        yield Exit(0)
+
+    backend = FakeBackend(handler)
+    job, cluster = _job(store, backend)
+    sup = Supervisor(store, job, cluster, backend)
+    thread = threading.Thread(target=sup.run)
+    thread.start()
+    try:
+        assert quiet.wait(30)
+        deadline = time.monotonic() + 30
+        while jobs.get(store, "j").step != 3:  # the reports reach the store within a second
+            assert time.monotonic() < deadline, "the reports never reached the store"
+            time.sleep(0.05)
+        last = jobs.get(store, "j").last_report_at
+        assert last is not None
+        # rank 0's steps came in milliseconds, so the limit is the floor
+        soon = views.job_detail(store, "j", last + STALE_FLOOR_S - 1)
+        assert soon["status"] == "running" and soon["no_report_s"] is None
+        later = views.job_detail(store, "j", last + 45.0)
+        assert later["no_report_s"] == 45.0
+        assert "no report for 45 s" in _text(ui.status_view(later))
+        [(_, _, listed)] = views.views(store, last + 45.0)
+        assert listed.no_report_s == 45.0
+    finally:
+        sup.request_stop("stopped by SIGTERM (gpufleet stop, or the system)")
+        thread.join(timeout=30)
+    assert jobs.get(store, "j").status == JobStatus.STOPPED
+
+
+def _text(renderable: object) -> str:
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=120, file=io.StringIO())
+    console.print(renderable)
+    return console.file.getvalue()  # type: ignore[attr-defined]

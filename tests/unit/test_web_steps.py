@@ -43,6 +43,21 @@ def test_attach_steps_uses_each_ranks_own_steps_and_drops_the_step_series() -> N
     assert out["gpu_utilization"]["cpu0"] == [(9.0, 0.5, None), (11.5, 0.7, 2.0)]
 
 
+def test_a_restarted_run_takes_no_step_from_the_run_before() -> None:
+    """Run 1 reached step 8; run 2 (started at 20.0, from step 1 again) reports first at 24.0:
+    a device sample at 22.0 has no step yet, not run 1's 8; one at 25.0 takes run 2's 1."""
+    series = {"gpu_utilization": {"cpu0": [(15.0, 0.5), (22.0, 0.6), (25.0, 0.7)]},
+              "loss": {"rank 0": [(24.0, 3.0)]}}
+    steps = {0: [(10.0, 1.0), (14.0, 8.0), (24.0, 1.0)]}
+    out = data.attach_steps(series, steps, starts=[5.0, 20.0])
+    assert out["gpu_utilization"]["cpu0"] == [(15.0, 0.5, 8.0), (22.0, 0.6, None),
+                                              (25.0, 0.7, 1.0)]
+    assert out["loss"]["rank 0"] == [(24.0, 3.0, 1.0)]
+    assert data.attach_steps(series, steps)["gpu_utilization"]["cpu0"][1] == (22.0, 0.6, 8.0)
+    assert (data.run_start([5.0, 20.0], 4.0), data.run_start([5.0, 20.0], 20.0)) == (
+        float("-inf"), 20.0)
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(url=f"sqlite:///{tmp_path}/s.db")

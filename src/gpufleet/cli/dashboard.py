@@ -41,6 +41,9 @@ def dashboard(
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        # listening before the address is printed: a client that reads it and connects at once
+        # waits in the backlog until the app is up, instead of being refused
+        sock.listen(128)
     except (OSError, UnicodeError) as exc:
         raise SpecError([("port" if "in use" in str(exc) else "host",
                           f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}"

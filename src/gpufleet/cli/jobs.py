@@ -297,6 +297,7 @@ def status(
         return
     from rich.live import Live
 
+    from gpufleet.cli.terminal import unechoed
     from gpufleet.views import job_detail
 
     def fresh() -> dict[str, Any]:
@@ -306,7 +307,8 @@ def status(
         return job_detail(st or store(), job, time.time())
 
     try:
-        with Live(ui.status_view(detail), console=out, refresh_per_second=2) as live:
+        with unechoed(out.file), Live(ui.status_view(detail), console=out,
+                                      refresh_per_second=2) as live:
             while detail["status"] in JOB_ACTIVE:
                 time.sleep(0.5 if client is None else 1.0)
                 detail = fresh()

@@ -108,6 +108,7 @@ def _foreground(st: Store, job: Job, cluster: Cluster,
     from rich.live import Live
 
     from gpufleet import ui
+    from gpufleet.cli.terminal import unechoed
     from gpufleet.lifecycle import jobs, runs
     from gpufleet.supervise import durable
 
@@ -120,8 +121,8 @@ def _foreground(st: Store, job: Job, cluster: Cluster,
             out.print(f"[{label}] {text}", markup=False, highlight=False, soft_wrap=True,
                       emoji=False)
 
-    if out.is_terminal:  # a live panel under the scrolling log lines
-        with Live(console=out, refresh_per_second=4, transient=True) as live:
+    if out.is_terminal:  # a live panel under the scrolling log lines, gone before the summary
+        with unechoed(out.file), Live(console=out, refresh_per_second=4, transient=True) as live:
             final, sup = runs.supervise_here(st, job, cluster, cpu_slots,
                                       on_tick=lambda v: live.update(ui.job_panel(v)),
                                       on_line=on_line)

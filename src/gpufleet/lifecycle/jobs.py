@@ -233,15 +233,23 @@ def events(store: Store, job_id: int) -> list[Event]:
 
 def model_state(store: Store, job_name: str) -> dict[int, dict[str, float]]:
     """Each rank's latest model-state bytes, as its worker reported them."""
+    return model_states(store, [job_name]).get(job_name, {})
+
+
+def model_states(store: Store, names: list[str]) -> dict[str, dict[int, dict[str, float]]]:
+    """`model_state` of each of `names` (job -> rank -> bytes), in one query for all of them;
+    a job that reported none is left out."""
     from gpufleet.supervise.view import MODEL_STATE_METRICS
 
+    out: dict[str, dict[int, dict[str, float]]] = {}
     with store.read() as s:
-        rows = s.execute(select(Metric.rank, Metric.name, Metric.value)
-                         .where(Metric.job == job_name, Metric.name.in_(MODEL_STATE_METRICS))
-                         .order_by(Metric.time)).all()
-    out: dict[int, dict[str, float]] = {}
-    for rank, name, value in rows:
-        out.setdefault(rank, {})[name] = value
+        for at in range(0, len(names), 500):
+            rows = s.execute(select(Metric.job, Metric.rank, Metric.name, Metric.value)
+                             .where(Metric.job.in_(names[at:at + 500]),
+                                    Metric.name.in_(MODEL_STATE_METRICS))
+                             .order_by(Metric.time)).all()
+            for job, rank, name, value in rows:  # later rows win
+                out.setdefault(job, {}).setdefault(rank, {})[name] = value
     return out
 
 

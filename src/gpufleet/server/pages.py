@@ -29,7 +29,8 @@ from gpufleet.errors import ForbiddenError
 from gpufleet.lifecycle import accounts, jobs
 from gpufleet.lifecycle.accounts import Identity
 from gpufleet.server import board, metrics
-from gpufleet.web import auth, data
+from gpufleet.server.routes import DESCRIBED
+from gpufleet.web import auth, data, routes
 from gpufleet.web.app import STATIC, js_value, page_html
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
 
     @app.post("/api/v1/session")
     def sign_in(body: SessionIn, request: Request) -> JSONResponse:
+        """Sign in with {token}: answers the caller and sets the HTTP-only session cookie."""
         token = body.token.strip()
         if not token.isascii() or not token.isprintable():
             return JSONResponse({"error": "token: no user has this token", "kind": "NoToken"},
@@ -87,10 +89,12 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
 
     @app.delete("/api/v1/session")
     def sign_out(request: Request) -> Response:
+        """Sign out: clears the session cookie."""
         return _cookie_cleared(JSONResponse({"signed_out": True}), request)
 
     @app.get("/", response_class=HTMLResponse)
     def page(request: Request) -> Response:
+        """The dashboard page, or the sign-in form without a session."""
         try:
             me = ctx.who(request)
         except ForbiddenError:
@@ -102,36 +106,49 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
                 '<script src="/static/team.js" defer></script>')
         return HTMLResponse(page_html(None, head), headers=PAGE_HEADERS)
 
+    @app.get(routes.INDEX_PATHS[0])
+    @app.get(routes.INDEX_PATHS[1], include_in_schema=False)
+    def api_index(request: Request) -> list[dict[str, str]]:
+        """This list: every route, its method and what it does."""
+        ctx.who(request)
+        return routes.index(app, DESCRIBED)
+
     # the single-user dashboard's read API (web/app.py), as the signed-in user
     @app.get("/api/clusters")
     def api_clusters(request: Request, all: bool = False) -> list[dict[str, Any]]:
+        """Running clusters (?all=true: every one) the caller's jobs ran on (an admin: all)."""
         return data.all_clusters(store, time.time(), active_only=not all,
                                  user=seen_user(ctx.who(request)))
 
     @app.get("/api/jobs")
     def api_jobs(request: Request, limit: int = Query(100, ge=1, le=1000)
                  ) -> list[dict[str, Any]]:
+        """The caller's jobs (an admin: all), newest first, each its view: progress, cost, ETA."""
         return [v.as_dict() for _, _, v in data.views(store, time.time(), limit=limit,
                                                       user=seen_user(ctx.who(request)))]
 
     @app.get("/api/jobs/{name}")
     def api_job(name: str, request: Request) -> dict[str, Any]:
+        """One job's view, cluster, events, findings, newest samples, runs and chart markers."""
         readable(request, name)
         return data.job_detail(store, name, time.time())
 
     @app.get("/api/jobs/{name}/series")
     def api_series(name: str, request: Request, since: float = 0.0,
                    names: str | None = None) -> dict[str, Any]:
+        """A job's chart series after ?since= (?names=a,b), each point [time, value, step]."""
         readable(request, name)
         wanted = [n for n in names.split(",") if n] if names else None
         return data.job_series(store, name, since, wanted, time.time())
 
     @app.get("/api/v1/usage/summary")
     def usage_summary(request: Request) -> dict[str, Any]:
+        """The Usage panel: spend per user and team this month and in 30 days, team limits."""
         return board.usage_summary(store, ctx.who(request), time.time())
 
     @app.get("/metrics")
     def prometheus(request: Request) -> Response:
+        """Prometheus metrics of the jobs and teams the caller may see, the ledger, the queue."""
         me = ctx.who(request)
         return Response(generate_latest(metrics.registry(store, me)),
                         media_type=CONTENT_TYPE_LATEST)

@@ -103,7 +103,8 @@ class Supervisor:
         self.intake.add_samples(rows)
 
     def view(self, now: float | None = None) -> JobView:
-        return job_view(self.job, self.cluster, now or time.time(), self.intake.model_state)
+        return job_view(self.job, self.cluster, now or time.time(), self.intake.model_state,
+                        run_started_at=self.state.started_at or None)
 
     # -- signals ------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:

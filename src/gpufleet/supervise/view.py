@@ -15,8 +15,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from gpufleet import layout_use
-from gpufleet.lifecycle.status import JOB_ACTIVE
+from gpufleet.lifecycle.status import JOB_ACTIVE, JobStatus
 from gpufleet.plan import billing, cost
+from gpufleet.supervise import measured
+
+STALE_FLOOR_S = 30.0  # `no_report_s`: the shortest silence called one
+STALE_STEPS = 10  # ... or this many mean step times, when longer
 
 
 class JobRecord(Protocol):
@@ -116,6 +120,10 @@ class JobView:
     ended_at: float | None = None
     # rank -> {"params_bytes", "grads_bytes", "optimizer_bytes", ["cuda_max_allocated_bytes"]}
     model_state: dict[int, dict[str, float]] = field(default_factory=dict)
+    # seconds since rank 0's newest report, once past `quiet_limit_s` while running; else None
+    no_report_s: float | None = None
+    # chart metric -> why this script does not produce it (`measured.not_measured`)
+    not_measured: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -166,9 +174,33 @@ def requested_layout(spec_json: str, world_size: int) -> str | None:
         return None
 
 
+def quiet_limit_s(seconds_per_step_s: float | None) -> float:
+    """How long rank 0 may go without a report before `status` says so: `STALE_STEPS` step
+    times, but never under `STALE_FLOOR_S`, which is far above the cadence of any report
+    (the bootstrap sends up to 4 a second, a script's `train.report` usually every few
+    steps) and well under the 5-minute default hang timeout that ends such a job."""
+    steps = STALE_STEPS * seconds_per_step_s if seconds_per_step_s is not None else 0.0
+    return max(STALE_FLOOR_S, steps)
+
+
+def no_report_s(job: JobRecord, now: float, run_started_at: float | None = None) -> float | None:
+    """Seconds since rank 0's newest report, when that is past `quiet_limit_s` and the job is
+    running; None otherwise. `run_started_at`: the current run's start; a run that has not
+    reported yet is starting up (the hang check's start-up grace covers it), not silent."""
+    last = job.last_report_at
+    if job.status != JobStatus.RUNNING or last is None:
+        return None
+    if run_started_at is not None and last < run_started_at:
+        return None
+    quiet = now - last
+    return quiet if quiet > quiet_limit_s(seconds_per_step(job)) else None
+
+
 def job_view(job: JobRecord, cluster: ClusterRecord, now: float,
              model_state: dict[int, dict[str, float]] | None = None,
-             layout_words: LayoutWords | None = None) -> JobView:
+             layout_words: LayoutWords | None = None,
+             run_started_at: float | None = None) -> JobView:
+    """`run_started_at`: the current run's start, when the caller knows it (`no_report_s`)."""
     start = job.started_at or job.created_at
     end = job.ended_at or now
     eta = None
@@ -191,4 +223,7 @@ def job_view(job: JobRecord, cluster: ClusterRecord, now: float,
         layout_seen=job.layout_seen,
         started_at=job.started_at, ended_at=job.ended_at,
         model_state=dict(sorted((model_state or {}).items())),
+        no_report_s=no_report_s(job, now, run_started_at),
+        not_measured=measured.not_measured(job.spec_json, job.world_size, job.layout_seen,
+                                           job.step, job.first_step, job.samples),
     )

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.store import Diagnosis, Event, Job, Metric, Store
 from gpufleet.telemetry.diagnose import Finding
-from gpufleet.telemetry.schema import JOB_RANK
+from gpufleet.telemetry.schema import JOB_RANK, STEP_METRIC
 
 
 def series(store: Store, job: str, since: float = 0.0, names: Iterable[str] | None = None,
@@ -60,6 +60,15 @@ def latest(store: Store, job: str, window_s: float = 30.0) -> dict[str, dict[str
     for name, rank, device, value in rows:
         out.setdefault(label(rank, device), {})[name] = value  # later rows win
     return out
+
+
+def rank0_step_at(store: Store, job: str, t: float) -> float | None:
+    """The step rank 0 had reported at `t` (its newest `step` sample at or before it), or None
+    before its first report: where a moment sits on a chart's step axis."""
+    with store.read() as s:
+        return s.execute(select(Metric.value).where(
+            Metric.job == job, Metric.name == STEP_METRIC, Metric.rank == 0,
+            Metric.time <= t).order_by(Metric.time.desc()).limit(1)).scalar()
 
 
 def save_findings(store: Store, job_id: int, found: list[Finding], now: float,

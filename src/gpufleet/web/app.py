@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpufleet.errors import GpufleetError, NotFoundError, StateError
 from gpufleet.store import Store
-from gpufleet.web import auth, data, prom
+from gpufleet.web import auth, data, prom, routes
 
 STATIC = resources.files("gpufleet.web") / "static"
 TEAM_MARK = "<!--gpufleet:team-->"  # where a team server adds its own scripts to the page
@@ -61,27 +61,39 @@ def create_app(store: Store, token: str | None = None, focus: str | None = None,
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> str:
+        """The dashboard page: every cluster and job, live."""
         return page_html(focus)
+
+    @app.get(routes.INDEX_PATHS[0])
+    @app.get(routes.INDEX_PATHS[1], include_in_schema=False)
+    def api_index() -> list[dict[str, str]]:
+        """This list: every route, its method and what it returns."""
+        return routes.index(app)
 
     @app.get("/api/clusters")
     def api_clusters(all: bool = False) -> list[dict[str, Any]]:
+        """Running clusters (?all=true: every one) with their devices, price and cost so far."""
         return data.all_clusters(store, time.time(), active_only=not all)
 
     @app.get("/api/jobs")
     def api_jobs(limit: int = Query(100, ge=1, le=1000)) -> list[dict[str, Any]]:
+        """Jobs, newest first (?limit=100), each its view: progress, cost, ETA, model state."""
         return [v.as_dict() for _, _, v in data.views(store, time.time(), limit=limit)]
 
     @app.get("/api/jobs/{name}")
     def api_job(name: str) -> dict[str, Any]:
+        """One job's view, cluster, events, findings, newest samples, runs and chart markers."""
         return data.job_detail(store, name, time.time())
 
     @app.get("/api/jobs/{name}/series")
     def api_series(name: str, since: float = 0.0, names: str | None = None) -> dict[str, Any]:
+        """A job's chart series after ?since= (?names=a,b), each point [time, value, step]."""
         wanted = [n for n in names.split(",") if n] if names else None
         return data.job_series(store, name, since, wanted, time.time())
 
     @app.get("/metrics")
     def metrics() -> Response:
+        """Prometheus metrics of running clusters and of jobs running or ended < 5 min ago."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")

@@ -5,24 +5,28 @@ The one thing added here is the step of every chart sample, for the page's step 
 rank's report is stored as its samples plus a `step` sample at the same time and rank
 (`supervise/intake.py`), so a rank's sample takes the step that rank had reported by then; a
 device or whole-job sample takes rank 0's, the job's step at that moment. A sample from before
-the first report has no step (None) and is left off a step axis rather than guessed.
+the first report of its run (a run: one start of the workers, `supervise.timeline`) has no step
+(None) and is left off a step axis rather than guessed: the previous run's last step is not
+where a restarted run's first samples belong.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import select
 
+from gpufleet.lifecycle import jobs
 from gpufleet.store import Metric, Store
+from gpufleet.supervise import timeline
 from gpufleet.telemetry.schema import STEP_METRIC
 from gpufleet.views import all_clusters, cluster_dict, job_detail, views
 from gpufleet.views import job_series as _job_series
 
 __all__ = ["all_clusters", "attach_steps", "cluster_dict", "job_detail", "job_series",
-           "rank_of", "step_at", "views"]
+           "rank_of", "run_start", "step_at", "views"]
 
 Points = list[tuple[float, float]]
 StepPoints = list[tuple[float, float, float | None]]
@@ -42,18 +46,18 @@ def rank_of(label: str) -> int:
     return 0
 
 
-def step_at(steps: Points, t: float) -> float | None:
+def step_at(steps: Points, t: float, since: float = float("-inf")) -> float | None:
     """The step of the last report at or before `t` in `steps` ([(time, step)], oldest first);
-    None before the first one."""
+    None before the first one, or when that report came before `since` (its run's start)."""
     i = bisect.bisect_right(steps, (t + _SAME_TIME_S, float("inf")))
-    return steps[i - 1][1] if i else None
+    return steps[i - 1][1] if i and steps[i - 1][0] >= since - _SAME_TIME_S else None
 
 
-def attach_steps(series: Mapping[str, Mapping[str, Points]],
-                 steps: Mapping[int, Points]) -> dict[str, dict[str, StepPoints]]:
+def attach_steps(series: Mapping[str, Mapping[str, Points]], steps: Mapping[int, Points],
+                 starts: Sequence[float] = ()) -> dict[str, dict[str, StepPoints]]:
     """Every (time, value) of `series` (name -> label -> points) as (time, value, step), with
-    `steps` rank -> [(time, step)] oldest first. The step samples themselves are left out: they
-    are the axis, not a chart."""
+    `steps` rank -> [(time, step)] oldest first and `starts` the runs' start times, oldest
+    first. The step samples themselves are left out: they are the axis, not a chart."""
     out: dict[str, dict[str, StepPoints]] = {}
     for name, by_label in series.items():
         if name == STEP_METRIC:
@@ -61,8 +65,15 @@ def attach_steps(series: Mapping[str, Mapping[str, Points]],
         out[name] = {}
         for label, points in by_label.items():
             own = steps.get(rank_of(label), [])
-            out[name][label] = [(t, v, step_at(own, t)) for t, v in points]
+            out[name][label] = [(t, v, step_at(own, t, run_start(starts, t)))
+                                for t, v in points]
     return out
+
+
+def run_start(starts: Sequence[float], t: float) -> float:
+    """The start of the run `t` falls in (-inf before the first)."""
+    i = bisect.bisect_right(starts, t)
+    return starts[i - 1] if i else float("-inf")
 
 
 def steps_since(store: Store, job: str, since: float) -> dict[int, Points]:
@@ -91,5 +102,7 @@ def job_series(store: Store, name: str, since: float, names: list[str] | None,
     """The job's chart series after `since` (`gpufleet.views.job_series`), each point as
     [time, value, step]."""
     found = _job_series(store, name, since, names, now)
-    found["series"] = attach_steps(found["series"], steps_since(store, name, since))
+    starts = [r.start for r in timeline.runs(
+        (e.time, e.kind, e.reason) for e in jobs.events(store, jobs.get(store, name).id))]
+    found["series"] = attach_steps(found["series"], steps_since(store, name, since), starts)
     return found

@@ -1,5 +1,8 @@
 """`/metrics` in the Prometheus text format, built from the store at each scrape.
 
+Running jobs export everything; a job that ended in the last 5 minutes only its outcome
+(`job_running` 0, cost, step, loss, projected cost, findings), no device or rank gauges.
+
 Names are `gpufleet_` + the schema's names (telemetry/schema.py), in the style of DCGM's
 exporter (`DCGM_FI_DEV_GPU_UTIL` becomes `gpufleet_gpu_utilization`, a 0..1 ratio). The job's
 name is the label `gpufleet_job`, not `job`: Prometheus sets `job` itself on every scrape and
@@ -21,6 +24,10 @@ from gpufleet.telemetry.schema import METRICS, prometheus_name, scope_of
 from gpufleet.web import data
 
 RECENT_S = 300.0  # a job that ended this recently is still exported, so a scrape sees its end
+# What an ended job still exports for those 5 minutes: its outcome, as figures that stay true.
+# Its device and rank gauges and its rates (samples/s, ETA) stop at the end: the devices may
+# already run the next job, and `sum by (gpu)` would count them twice.
+ENDED_JOB_FIGURES = ("job_step", "job_loss", "job_projected_cost_usd")
 
 
 def _help(name: str) -> str:
@@ -53,13 +60,14 @@ class StoreCollector(Collector):
         for j, c, v in data.views(self.store, now, since=now - RECENT_S, user=self.user):
             jl = [c.name, j.name]
             job_labels = ["cluster", "gpufleet_job"]
-            fam("job_running", job_labels).add_metric(jl, 1.0 if j.status in jobs.ACTIVE else 0.0)
+            running = j.status in jobs.ACTIVE
+            fam("job_running", job_labels).add_metric(jl, 1.0 if running else 0.0)
             fam("job_cost_usd", job_labels).add_metric(jl, v.cost_usd)
             for name, value in (("job_samples_per_second", v.samples_per_s),
                                 ("job_step", v.step), ("job_loss", v.loss),
                                 ("job_eta_seconds", v.eta_s),
                                 ("job_projected_cost_usd", v.projected_cost_usd)):
-                if value is not None:
+                if value is not None and (running or name in ENDED_JOB_FIGURES):
                     fam(name, job_labels).add_metric(jl, float(value))
             severities = {"critical": 0, "warning": 0, "info": 0}
             for f in records.findings(self.store, j.id):
@@ -67,6 +75,8 @@ class StoreCollector(Collector):
                     severities[f["severity"]] = severities.get(f["severity"], 0) + 1
             for sev, n in severities.items():
                 fam("job_findings", [*job_labels, "severity"]).add_metric([*jl, sev], n)
+            if not running:  # its devices and ranks are no longer its: no readings of them
+                continue
             for series_label, values in records.latest(self.store, j.name).items():
                 for name, value in values.items():
                     scope = scope_of(name)

@@ -1,9 +1,12 @@
 """A DDP loop that never calls `train.prepare` and reports extra metrics of its own: a learning
 rate schedule and the gradient norm, through `train.report(step, **extra)`. Rank 0 writes what
-it reported to --out (JSON), so a test can hold the dashboard to it."""
+it reported to --out (JSON), so a test can hold the dashboard to it. --fail-at N: in the job's
+first run the last rank exits 1 after step N (the restart counts from step 1 again)."""
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
@@ -16,7 +19,9 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=30)
 p.add_argument("--sleep", type=float, default=0.05)
 p.add_argument("--out", required=True)
+p.add_argument("--fail-at", type=int, default=0)
 a = p.parse_args()
+first_run = os.environ.get("GPUFLEET_RUN", "1") == "1"
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -37,6 +42,9 @@ for step in range(1, a.steps + 1):
     train.report(step, loss=loss.item(), samples=16 * world, total_steps=a.steps, lr=lr,
                  grad_norm=norm)
     reported.append({"step": step, "loss": loss.item(), "lr": lr, "grad_norm": norm})
+    if first_run and step == a.fail_at and rank == world - 1:
+        print(f"report_extras rank {rank} failing after step {step} as asked", flush=True)
+        sys.exit(1)
     time.sleep(a.sleep)
 if rank == 0:
     with open(a.out, "w") as f:

@@ -271,6 +271,13 @@
     $("cost").textContent = usd(d.cost_usd);
     $("projected-cost").textContent = usd(d.projected_cost_usd);
     $("rate").textContent = `$${num(d.usd_per_hour, 4)}/h`;
+    // restarts after a failure, over the job's life (each run is a series of its own)
+    $("j-restarts").hidden = !d.restarts;
+    $("j-restarts").textContent = d.restarts ? `${d.restarts} restart${d.restarts > 1 ? "s" : ""}` : "";
+    $("j-restarts").title = d.runs ? `${d.runs.length} run(s) of the workers` : "";
+    // rank 0 has gone quiet while the job runs (the hang timeout may be minutes away)
+    $("j-quiet").hidden = d.no_report_s == null;
+    $("j-quiet").textContent = d.no_report_s == null ? "" : `no report for ${Math.round(d.no_report_s)} s`;
     const reason = !ACTIVE.has(d.status) && d.reason ? d.reason : "";
     $("j-reason").hidden = !reason;
     $("j-reason").textContent = reason;

@@ -119,9 +119,10 @@ window.GF = (() => {
     return d;
   }
 
-  // Draw `lines` ({name, color, dash, xy, smooth?}) over [x0, x1] on `axis` ("time"|"step").
+  // Draw `lines` ({name, color, dash, xy, smooth?}) over [x0, x1] on `axis` ("time"|"step"),
+  // with `marks` ({x, kind, label, text}: a restart, a resize) as labelled vertical lines.
   // `empty`: what an empty chart says. Returns the geometry hover() needs, or null.
-  function draw(chart, lines, axis, x0, x1, empty) {
+  function draw(chart, lines, axis, x0, x1, empty, marks = []) {
     const { def, svg, card } = chart;
     const W = Math.max(240, svg.clientWidth || card.clientWidth - 24), H = def.small ? 150 : 190;
     const m = { l: 56, r: 14, t: 12, b: 30 }, pw = W - m.l - m.r, ph = H - m.t - m.b;
@@ -165,11 +166,18 @@ window.GF = (() => {
       `<line class="axis" x1="${m.l}" x2="${m.l}" y1="${m.t}" y2="${m.t + ph}"/>`,
       `<text class="unit" x="${m.l + 4}" y="${m.t + 10}">${esc(scale.name)}</text>`,
       `<text class="unit xu" data-axis="${axis}" x="${m.l + pw}" y="${H - 2}">${xName}</text>`);
+    for (const mk of marks) {
+      if (!(mk.x >= x0 && mk.x <= x1)) continue;
+      const x = X(mk.x).toFixed(1);
+      parts.push(`<g class="marker" data-kind="${esc(mk.kind)}"><title>${esc(mk.text)}</title>
+        <line x1="${x}" x2="${x}" y1="${m.t}" y2="${m.t + ph}"/>
+        <text x="${Number(x) + 3}" y="${m.t + 9}">${esc(mk.label)}</text></g>`);
+    }
     for (const ln of lines) {
       parts.push(`<path d="${path(ln.xy, X, Y, axis, pw * 1.5)}" stroke="${ln.color}"
-        class="line${ln.dash ? " dash" : ""}${ln.smooth ? " smooth" : ""}"
+        class="line${ln.dash ? " dash" : ""}${ln.smooth ? " smooth" : ""}${ln.old ? " old" : ""}"
         ${ln.smooth ? "data-smoothed" : "data-points"}="${ln.xy.length}"
-        data-series="${esc(ln.metric)}/${esc(ln.label)}"/>`);
+        data-series="${esc(ln.metric)}/${esc(ln.label)}" data-run="${ln.run ?? 1}"/>`);
       if (!ln.smooth) {
         const end = ln.xy[ln.xy.length - 1];
         parts.push(`<circle cx="${X(end[0]).toFixed(1)}" cy="${Y(end[1]).toFixed(1)}" r="2.5" fill="${ln.color}"/>`);

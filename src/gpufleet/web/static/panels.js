@@ -8,6 +8,10 @@ window.GFPanels = (() => {
   const COLORS = ["#5aa2ff", "#f5a524", "#3ecf8e", "#ef6b73", "#b48cf2", "#2dd4bf", "#f778ba",
     "#c9d1d9", "#e3b341", "#79c0ff"];
   const SMOOTH_COLOR = "#e8edf3";
+  // where the loss comes from (docs/watching.md), for a loss chart that has seen none
+  const LOSS_SOURCES = "gpufleet reads the loss from train.report(step, loss=...) or rank 0's " +
+    "printed lines (loss 2.31, loss=2.31, train loss 2.31, {'loss': 2.31}); --loss-pattern REGEX " +
+    "reads any other shape";
   const AXES = ["step", "time"];
 
   // One chart per entry. `unit` picks the axis scale; `only`: labels to draw (default: all);
@@ -64,7 +68,8 @@ window.GFPanels = (() => {
     card.id = "card-" + def.id;
     card.innerHTML = `<header><h3>${esc(def.title)}</h3><span class="note"></span><span class="now"></span></header>
       <div class="legend"></div>
-      <svg data-chart="${esc(def.id)}" class="chart" role="img" aria-label="${esc(def.title)}"></svg>`;
+      <svg data-chart="${esc(def.id)}" class="chart" role="img" aria-label="${esc(def.title)}"></svg>
+      <div class="why" hidden></div>`;
     box.appendChild(card);
     const chart = { def, card, svg: card.querySelector("svg"), lines: [], geom: null, hoverX: null };
     chart.svg.addEventListener("mousemove", (ev) => { chart.hoverX = ev.offsetX; hover(chart, ev, $("tip")); });
@@ -100,27 +105,56 @@ window.GFPanels = (() => {
   const naturally = (a, b) => a.localeCompare(b, "en", { numeric: true });
 
   // The lines of one chart on the current axis: [x, value] with x a time or a step (a sample
-  // with no step yet is left off a step axis). A smoothed chart adds the EMA of each line.
-  function linesOf(def, data) {
+  // with no step yet is left off a step axis), one per label and run of the workers (`starts`:
+  // each run's start time), so a restart that counts from step 1 again is a line of its own.
+  // A smoothed chart adds the EMA of each line.
+  function linesOf(def, data, starts) {
     const out = [], byStep = prefs.axis === "step";
     const labels = [...new Set(def.metrics.flatMap((m) => Object.keys(data[m] || {})))].sort(naturally);
     let keep = def.only ? labels.filter((l) => def.only.includes(l)) : labels;
     if (def.rank0) keep = keep.includes("rank 0") ? ["rank 0"] : keep.slice(0, 1);
+    const runs = starts.length > 1;
     def.metrics.forEach((m, mi) => keep.forEach((label, li) => {
-      const points = (data[m] || {})[label] || [];
-      const xy = byStep ? perStep(points) : points.map((p) => [p[0], p[1]]);
-      if (!xy.length) return;
-      const name = def.metrics.length > 1 ? `${label} ${def.names[mi]}` : def.smooth ? `raw, ${label}` : label;
-      out.push({ metric: m, label, name, xy, color: COLORS[li % COLORS.length], dash: mi > 0 });
+      byRun((data[m] || {})[label] || [], starts).forEach((points, ri) => {
+        const xy = byStep ? perStep(points) : points.map((p) => [p[0], p[1]]);
+        if (!xy.length) return;
+        let name = def.metrics.length > 1 ? `${label} ${def.names[mi]}` : def.smooth ? `raw, ${label}` : label;
+        if (runs) name += `, run ${ri + 1}`;
+        // one label: a color per run; several: a color per label, its runs apart by their gap
+        const color = COLORS[(keep.length === 1 ? ri : li) % COLORS.length];
+        out.push({ metric: m, label, name, xy, color, dash: mi > 0, run: ri + 1 });
+      });
     }));
+    const newest = Math.max(...out.map((ln) => ln.run));
+    for (const ln of out) ln.old = ln.run < newest;  // drawn fainter: the current run stands out
     if (def.smooth && prefs.smoothing > 0) {
       for (const ln of out.slice()) {
         const values = ema(ln.xy.map((p) => p[1]), prefs.smoothing);
-        out.push({ ...ln, name: smoothingLabel(), smooth: true, color: SMOOTH_COLOR,
-          xy: ln.xy.map((p, i) => [p[0], values[i]]) });
+        out.push({ ...ln, name: smoothingLabel() + (runs ? `, run ${ln.run}` : ""), smooth: true,
+          color: SMOOTH_COLOR, xy: ln.xy.map((p, i) => [p[0], values[i]]) });
       }
     }
     return out;
+  }
+
+  // [time, ...] points split by run: each run's from its start to the next one's (a point
+  // before the first start, a device sample as the workers start, goes with the first run).
+  function byRun(points, starts) {
+    if (starts.length < 2) return [points];
+    const out = starts.map(() => []);
+    let r = 0;
+    for (const p of points) {
+      while (r + 1 < starts.length && p[0] >= starts[r + 1]) r++;
+      out[r].push(p);
+    }
+    return out;
+  }
+
+  // The job's markers (restarts, resizes: `detail.markers`, from its events) on this axis.
+  function marksOf(detail) {
+    const byStep = prefs.axis === "step";
+    return (detail.markers || []).map((mk) => ({ x: byStep ? mk.step : mk.time, kind: mk.kind,
+      label: mk.label, text: mk.text })).filter((mk) => mk.x != null);
   }
 
   // [step, value] of [time, value, step] points; the samples a device gave within one step
@@ -168,34 +202,51 @@ window.GFPanels = (() => {
     addCustom(st.data);
     syncTools();
     const defs = [...charts.values()];
-    const all = defs.map((c) => linesOf(c.def, st.data));
+    const starts = (detail.runs || []).map((r) => r.start);
+    const all = defs.map((c) => linesOf(c.def, st.data, starts));
     const [x0, x1] = range(all, detail, st, active);
-    defs.forEach((chart, i) => paint(chart, all[i], x0, x1, detail, st, active));
+    const marks = marksOf(detail);
+    defs.forEach((chart, i) => paint(chart, all[i], x0, x1, detail, st, active, marks));
     const total = Object.values(detail.latest || {}).find((v) => v.gpu_memory_total_bytes)?.gpu_memory_total_bytes;
     const mem = charts.get("gpu_memory_used_bytes");
     if (mem) mem.card.querySelector(".note").textContent = total ? `of ${shown(total, scaleFor("bytes", total))} each` : "";
   }
 
-  // One chart: drawn; or, with nothing to draw, a placeholder while the job runs and hidden
-  // once it has ended (a script that never measured communication has no such chart).
-  function paint(chart, lines, x0, x1, detail, st, active) {
+  // One chart: drawn; or, with nothing to draw, what it waits for and why. A figure this
+  // script does not produce says so (`detail.not_measured`, running or ended); one that is
+  // expected waits while the job runs and is hidden once it has ended.
+  function paint(chart, lines, x0, x1, detail, st, active, marks) {
     const { def, card } = chart;
     const had = def.metrics.some((m) => Object.values(st.data[m] || {}).some((p) => p.length));
-    card.hidden = !lines.length && !had && !active;
-    const empty = had ? "no step reported with these samples: see them by time"
-      : prefs.axis === "step" ? "waiting for the first step" : "waiting for data";
-    const geom = card.hidden ? null : draw(chart, lines, prefs.axis, x0, x1, empty);
+    const unmeasured = def.metrics.map((m) => (detail.not_measured || {})[m]).find(Boolean);
+    card.hidden = !lines.length && !had && !active && !unmeasured;
+    const [empty, why] = emptyText(def, had, unmeasured, detail);
+    const geom = card.hidden ? null : draw(chart, lines, prefs.axis, x0, x1, empty, marks);
+    const whyEl = card.querySelector(".why");
+    whyEl.hidden = !!geom || !why;
+    whyEl.textContent = geom ? "" : why;
     const raw = lines.filter((ln) => !ln.smooth);
+    const newest = raw.filter((ln) => ln.run === Math.max(...raw.map((r) => r.run)));
     const fmt = def.fmt || ((v) => geom ? shown(v, geom.scale) : "");
     const latest = (ln) => fmt(ln.xy[ln.xy.length - 1][1]);
     card.querySelector(".now").textContent = def.headline ? def.headline(detail)
-      : raw.length === 1 ? latest(raw[0]) : "";
+      : newest.length === 1 ? latest(newest[0]) : "";
     if (def.smooth) card.querySelector(".note").textContent = smoothingLabel();
-    card.querySelector(".legend").innerHTML = geom && lines.length > 1 ? lines.map((ln) => `<span class="key">
+    card.querySelector(".legend").innerHTML = geom && lines.length > 1 ? lines.map((ln) => `<span class="key" data-name="${esc(ln.name)}">
         <svg width="18" height="8"><line x1="0" x2="18" y1="4" y2="4" stroke="${ln.color}"
           class="${ln.dash ? "dash" : ""}" stroke-width="2"/></svg>${esc(ln.name)}
         <b>${latest(ln)}</b></span>`).join("") : "";
     if (geom && chart.hoverX != null) hover(chart, null, $("tip"));
+  }
+
+  // What an empty chart says, and why underneath: not measured for this script; or, once a
+  // step came, that none of its samples did yet; else that it waits for the first step.
+  function emptyText(def, had, unmeasured, detail) {
+    if (unmeasured) return ["not measured for this script", unmeasured];
+    if (had) return ["no step reported with these samples: see them by time", ""];
+    if (detail.step != null) return def.id === "loss" ? ["no loss seen yet", LOSS_SOURCES]
+      : ["no samples yet", ""];
+    return [prefs.axis === "step" ? "waiting for the first step" : "waiting for data", ""];
   }
 
   function syncTools() {
