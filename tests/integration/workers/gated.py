@@ -1,5 +1,6 @@
-"""A job that holds its devices until a gate file exists (or 120 s pass), then sleeps a little:
-the queue tests decide when running jobs end. No torch: the test pays only for torchrun."""
+"""A job that holds its devices until a gate file exists (or 120 s pass), then sleeps a little
+and exits with the code given (0 by default): the queue tests decide when running jobs end, and
+how. No torch: the test pays only for torchrun."""
 
 import os
 import sys
@@ -13,3 +14,4 @@ while not gate.exists() and time.monotonic() < deadline:
     time.sleep(0.1)
 time.sleep(after)
 print(f"gated job done (mark {os.environ.get('QUEUE_TEST_MARK', '-')})", flush=True)
+sys.exit(int(sys.argv[3]) if len(sys.argv) > 3 else 0)
