@@ -65,6 +65,9 @@ def user_list(as_json: Json = False) -> None:
     if as_json:
         print_json(rows)
         return
+    if not rows:
+        out.print("No users yet (gpufleet admin user add NAME --team TEAM).", highlight=False)
+        return
     out.print(_table(("USER", "TEAM", "ADMIN", "ADDED"), [
         (r["name"], r["team"] or "-", "admin" if r["admin"] else "-", _when(r["created_at"]))
         for r in rows]))
