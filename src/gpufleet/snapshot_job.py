@@ -38,7 +38,9 @@ SPEC_FIELDS = frozenset({
     "pp_schedule", "microbatches", "precision", "framework", "model", "env", "max_restarts",
     "hang_timeout", "cooldown", "checkpoint_to", "workers", "scale_up_util", "scale_down_util",
     "scale_tolerance", "keep", "workdir", "bootstrap", "total_steps", "loss_pattern", "priority",
-    "time_limit"})
+    "time_limit", "after"})
+# the same, as the version before `after` stored it (its jobs' specs stay readable here)
+SPEC_FIELDS_BEFORE_AFTER = SPEC_FIELDS - {"after"}
 SPEC_WORDS = ("strategy", "pp_schedule", "precision", "framework")  # Literal[str] fields
 SPEC_INT_BOUNDS = {"dp": (1, 128), "tp": (1, 128), "pp": (1, 128), "microbatches": (1, 4096)}
 
@@ -115,7 +117,7 @@ def layout_words(spec_json: str, world_size: int) -> str | None:
         data = json.loads(spec_json)
     except ValueError:
         raise Declined from None
-    if not isinstance(data, dict) or set(data) != SPEC_FIELDS \
+    if not isinstance(data, dict) or set(data) not in (SPEC_FIELDS, SPEC_FIELDS_BEFORE_AFTER) \
             or not (data["cluster"] is None or isinstance(data["cluster"], str)) \
             or any(not isinstance(data[k], str) for k in SPEC_WORDS):
         raise Declined

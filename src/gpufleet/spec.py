@@ -325,8 +325,9 @@ class JobSpec(_Spec):
     # which is also what the queue plans with (backfill, estimated starts)
     priority: int = Field(0, ge=-100, le=100)
     time_limit: str | None = None
+    after: str | None = None  # a job that must succeed first (Slurm's afterok; lifecycle.depends)
 
-    @field_validator("name")
+    @field_validator("name", "after")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
         return None if v is None else check_name(v, "job")

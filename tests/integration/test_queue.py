@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import time
@@ -61,6 +62,9 @@ def test_six_jobs_share_two_slots_in_priority_then_submission_order(fleet: Fleet
     assert "queued" not in said["j1"] and "queued" not in said["j2"]
     for n in ("j3", "j4", "j5", "j6"):
         assert f"Job {n} is queued" in said[n], said[n]
+    # the first queued job starts the local server, which takes seconds: it says so, once
+    starting = "Starting the local queue server"
+    assert [n for n in pri if starting in said[n]] == ["j3"], said
     # a seventh, queued and then cancelled: it never runs
     assert "queued" in submit(fleet, "j7", gate)
     listed = rows(fleet)
@@ -68,6 +72,8 @@ def test_six_jobs_share_two_slots_in_priority_then_submission_order(fleet: Fleet
                      key=lambda r: r["position"])
     assert [r["name"] for r in waiting] == ["j4", "j6", "j3", "j5", "j7"]
     assert all(r["reason"] for r in waiting)
+    # no estimate, and the true reason why: j1 and j2 run without a time limit
+    assert {r["start_note"] for r in waiting} == {"unknown (a running job has no --time-limit)"}
     assert fleet.ok("cancel", "j7").stdout.startswith("Job j7: cancelled")
     again = fleet("cancel", "j7")
     assert again.returncode == 2 and "cancelled, not queued" in again.stderr
@@ -166,3 +172,104 @@ def test_a_job_past_its_time_limit_is_stopped_with_that_reason(fleet: Fleet,
     ended = fleet.wait_ended("limited", timeout=90)
     assert ended["status"] == "stopped", ended
     assert "ran past its time limit (3s)" in ended["reason"], ended
+
+
+def _beat_after(fleet: Fleet, t: float, timeout: float = 300.0) -> None:
+    """Wait for a beat of the local server that began after `t` (its queue pass read the
+    store after then), as its /api/v1/health tells its owner."""
+    import urllib.request
+
+    server = json.loads((fleet.home / "server.json").read_text())
+    req = urllib.request.Request(f"{server['url']}/api/v1/health",
+                                 headers={"Authorization": f"Bearer {server['token']}"})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            if (json.loads(resp.read())["beat_at"] or 0) > t:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"no beat of the local server after {t} in {timeout}s")
+
+
+def _state(home: Path, sql: str, *args: str) -> list[tuple[Any, ...]]:
+    """Rows read straight from the state file (read-only): a poll that costs no CLI start."""
+    db = sqlite3.connect(f"file:{home / 'state.db'}?mode=ro", uri=True, timeout=5)
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def _until(what: str, check: Any, timeout: float = 300.0) -> None:
+    """Wait for an event (generously: the machine may be loaded; a pass is cheap)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached in {timeout}s: {what}")
+        time.sleep(0.3)
+
+
+def _queue_is(home: Path, name: str, *fields: str) -> bool:
+    """Whether the queue entry's (status, wait) are `fields`."""
+    found = _state(home, "SELECT status, wait FROM queue WHERE name = ?", name)
+    return bool(found) and found[0][:len(fields)] == fields
+
+
+def _clusters_up(home: Path) -> int:
+    return len(_state(home, "SELECT id FROM clusters WHERE status IN ('pending', 'running')"))
+
+
+def _ended(home: Path, *names: str) -> bool:
+    found = dict(_state(home, "SELECT name, status FROM jobs"))
+    return all(found.get(n) in ("succeeded", "failed", "stopped", "interrupted") for n in names)
+
+
+def test_after_waits_for_success_a_failed_link_is_cancelled_and_a_held_job_waits_for_release(
+        fleet: Fleet, tmp_path: Path) -> None:
+    gate_a, gate_f, open_ = tmp_path / "a", tmp_path / "f", tmp_path / "open"
+    open_.touch()
+    home = fleet.home
+    submit(fleet, "a", gate_a)
+    failing = fleet("run", GATED, "--gpu", "cpu", "--count", "1", "--name", "f", "-d", "-y",
+                    "--", str(gate_f), "0", "3")
+    assert failing.returncode == 0, failing.stderr
+    assert "Job b is queued: it starts once a succeeded." in submit(fleet, "b", open_,
+                                                                    "--after", "a")
+    assert "queued" in submit(fleet, "g", open_, "--after", "f")
+    assert "queued" in submit(fleet, "h", open_)
+    assert fleet.ok("hold", "h").stdout.startswith("Job h: held;")
+    unknown = fleet("run", GATED, "--gpu", "cpu", "--after", "nosuch", "-d", "-y", "--", "x")
+    assert unknown.returncode == 2 and len(error_lines(unknown.stderr)) == 1, unknown.stderr
+    assert "after: no job named 'nosuch'" in unknown.stderr, unknown.stderr
+    _until("b waits for a", lambda: _queue_is(home, "b", "queued", "after"))
+    table = fleet.ok("jobs").stdout
+    assert re.search(r"^b .* queued .* #\d after a .* after a: starts once a succeeds \(a is "
+                     r"running\)", table, re.M), table
+    assert re.search(r"^h .* held .* #\d held .* held: it keeps its place", table, re.M), table
+
+    gate_f.touch()  # f fails: g can never start; a slot is free, yet b waits for a
+    _until("g cancelled", lambda: _queue_is(home, "g", "cancelled"))
+    _until("f's devices freed", lambda: _clusters_up(home) == 1)
+    _beat_after(fleet, time.time())  # a pass that saw the free slot
+    assert _queue_is(home, "b", "queued", "after") and _queue_is(home, "h", "queued", "held")
+
+    gate_a.touch()  # a succeeds: b starts after it; h stays held on free devices
+    _until("a and b ended", lambda: _ended(home, "a", "b"))
+    _until("every device freed", lambda: _clusters_up(home) == 0)
+    _beat_after(fleet, time.time())
+    assert _queue_is(home, "h", "queued", "held")
+    assert fleet.ok("release", "h").stdout.startswith("Job h: released")
+    _until("h ended", lambda: _ended(home, "h"))
+    done = rows(fleet)
+    assert {n: done[n]["status"] for n in "abfgh"} == {
+        "a": "succeeded", "b": "succeeded", "f": "failed", "g": "cancelled", "h": "succeeded"}
+    assert done["b"]["started_at"] >= done["a"]["ended_at"], done
+    assert done["g"]["reason"] == ("cancelled: job f, which it runs after, ended failed; --after "
+                                   "starts a job only once that one succeeds"), done["g"]
+
+    audit = fleet.ok("admin", "audit").stdout.splitlines()
+    assert audit[0].split() == ["TIME", "USER", "ACTION", "SUBJECT", "DETAIL"], audit
+    col = audit[0].index("ACTION")  # every row's action starts under its header
+    actions = [line[col:].split()[0] for line in audit[1:] if len(line) > col]
+    assert {"submit", "start", "hold", "release", "cancel"} <= set(actions), audit
+    assert any(line[col:].startswith("cancel") and " g " in line for line in audit), audit

@@ -47,6 +47,19 @@ def ok_json(call: Callable[..., subprocess.CompletedProcess[str]], *args: str) -
     return json.loads(r.stdout)
 
 
+def api(url: str, token: str, method: str, path: str, body: Any = None) -> Any:
+    """One API call with a user's token: its JSON, or the HTTP status of a refusal."""
+    req = urllib.request.Request(url + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {token}",
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def test_a_team_server_enforces_quotas_and_budgets_and_books_every_cost(
         server: tuple[str, Fleet], make_fleet: Callable[[str, int], Fleet],
         tmp_path: Path) -> None:
@@ -81,8 +94,29 @@ def test_a_team_server_enforces_quotas_and_budgets_and_books_every_cost(
     assert "started" in run("alice", "a1")
     assert "queued" in run("alice", "a2")
     assert "queued" in run("bob", "b1")
+    # the whole queue for everyone, as squeue shows it; other users' job names only to admins
     mine = ok_json(users["alice"], "jobs")
-    assert sorted(r["name"] for r in mine) == ["a1", "a2"]
+    assert sorted((r["name"], r["user"]) for r in mine) == [("(hidden)", "bob"), ("a1", "alice"),
+                                                            ("a2", "alice")]
+    theirs_seen = ok_json(users["bob"], "jobs")
+    assert sorted((r["name"], r["user"], r["status"]) for r in theirs_seen) == [
+        ("(hidden)", "alice", "queued"), ("(hidden)", "alice", "running"),
+        ("b1", "bob", "queued")]
+    assert "a1" not in json.dumps(theirs_seen) and "a2" not in json.dumps(theirs_seen)
+    # bob holds his own job, not alice's; each refusal is in the audit trail. Through the CLI
+    # where the CLI is what is shown; the rest as plain API calls, which cost no CLI start.
+    assert users["bob"]("hold", "b1").returncode == 0
+    bobs = api(url, tokens["bob"], "GET", "/api/v1/jobs?everyone=true")
+    assert [(r["status"], r["held_by"], r["wait"]) for r in bobs if r["name"] == "b1"] == [
+        ("queued", "bob", "held")]
+    assert api(url, tokens["bob"], "POST", "/api/v1/jobs/a2/hold") == 403
+    assert users["bob"]("release", "b1").returncode == 0
+    for extra, field in (({"cluster": {"gpu": "cpu", "count": 2}}, "count"),  # over the quota
+                         ({"time_limit": "soon"}, "time_limit"),
+                         ({"after": "a1"}, "after")):  # alice's job, not bob's
+        body = {"spec": {"script": GATED, "args": [str(gate)], "name": "b9",
+                         "cluster": {"gpu": "cpu", "count": 1}, **extra}}
+        assert api(url, tokens["bob"], "POST", "/api/v1/jobs", body) == 400, field
     held = {r["name"]: r for r in ok_json(admin, "jobs")}
     deadline = time.monotonic() + 20
     while not held["b1"].get("reason") and time.monotonic() < deadline:
@@ -137,7 +171,16 @@ def test_a_team_server_enforces_quotas_and_budgets_and_books_every_cost(
     did = {(e["user"], e["action"], e["subject"]) for e in audit}
     assert {("alice", "submit", "a1"), ("bob", "submit", "b1"), ("carol", "submit", "c2"),
             ("admin", "quota_set", "ml"), ("admin", "budget_set", "lab"),
-            ("admin", "user_add", "carol")} <= did
+            ("admin", "user_add", "carol"), ("bob", "hold", "b1"), ("bob", "release", "b1"),
+            ("bob", "hold_refused", "a2"), ("bob", "cancel_refused", "a2")} <= did
+    refusals = [e["detail"] for e in audit if (e["user"], e["action"], e["subject"]) ==
+                ("bob", "submit_refused", "b9")]
+    assert [d.split(":")[0] for d in reversed(refusals)] == ["count", "time_limit", "after"], \
+        refusals
+    listed = admin("admin", "user", "list").stdout.splitlines()
+    assert listed[0].split() == ["USER", "TEAM", "ADMIN", "ADDED"], listed
+    assert [line.split()[:3] for line in listed[1:]] == [
+        ["admin", "-", "admin"], ["alice", "ml", "-"], ["bob", "ml", "-"], ["carol", "lab", "-"]]
     # clusters through the server: launch, list and stop go to it once logged in
     made = admin("launch", "--gpu", "cpu", "--count", "1", "--name", "shared")
     assert made.returncode == 0 and "Cluster shared" in made.stdout, made.stderr
@@ -145,6 +188,10 @@ def test_a_team_server_enforces_quotas_and_budgets_and_books_every_cost(
     assert json.loads(users["bob"]("list", "--json").stdout) == []  # not his
     theirs = users["bob"]("stop", "shared", "-y")
     assert theirs.returncode == 2 and "not yours" in theirs.stderr, theirs.stderr
+    admin_token = (srv.home / "admin-token").read_text().strip()
+    assert ("bob", "stop_refused", "shared") in {
+        (e["user"], e["action"], e["subject"])
+        for e in api(url, admin_token, "GET", "/api/v1/admin/audit")}
     assert admin("stop", "shared", "-y").returncode == 0
     assert json.loads(admin("list", "--json").stdout) == []
     # a team member's cluster, reserved and never used: its time is carol's and lab's spend,

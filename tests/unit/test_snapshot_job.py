@@ -134,6 +134,15 @@ def test_layout_words_match_the_validated_spec(spec: str) -> None:
     assert snapshot_job.layout_words(spec, 4) == view.requested_layout(spec, 4)
 
 
+def test_a_spec_stored_before_after_existed_is_read_the_same_way() -> None:
+    import json
+
+    old = json.loads(_spec(strategy="tp", tp=2, pp=2, pp_schedule="gpipe", microbatches=8))
+    del old["after"]
+    words = snapshot_job.layout_words(json.dumps(old), 4)
+    assert words is not None and words == view.requested_layout(json.dumps(old), 4)
+
+
 @pytest.mark.parametrize("spec", [
     '{"script": "old.py"}',  # keys of another version
     "not json",

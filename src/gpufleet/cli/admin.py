@@ -65,9 +65,12 @@ def user_list(as_json: Json = False) -> None:
     if as_json:
         print_json(rows)
         return
-    for r in rows:
-        out.print(f"{r['name']:<20} {r['team'] or '-':<16} {'admin' if r['admin'] else ''}",
-                  highlight=False)
+    if not rows:
+        out.print("No users yet (gpufleet admin user add NAME --team TEAM).", highlight=False)
+        return
+    out.print(_table(("USER", "TEAM", "ADMIN", "ADDED"), [
+        (r["name"], r["team"] or "-", "admin" if r["admin"] else "-", _when(r["created_at"]))
+        for r in rows]))
 
 
 @user_group.command("remove", cls=COMMAND)
@@ -206,10 +209,30 @@ def audit(
     if as_json:
         print_json(rows)
         return
-    for r in rows:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"]))
-        out.print(f"{when}  {r['user']:<14} {r['action']:<12} {r['subject']:<24} {r['detail']}",
-                  markup=False, highlight=False)
+    if not rows:
+        out.print(f"Nothing in the audit trail since {since} ago.", highlight=False)
+        return
+    out.print(_table(("TIME", "USER", "ACTION", "SUBJECT", "DETAIL"), [
+        (_when(r["time"]), r["user"], r["action"], r["subject"] or "-", r["detail"] or "")
+        for r in rows]))
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> Any:
+    """Columns aligned under a header, drawn as the other tables here (rich, no box); cells
+    are shown as text (no markup: a detail may hold brackets)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(box=None, pad_edge=False)
+    for col in head:
+        t.add_column(col, overflow="fold")
+    for row in rows:
+        t.add_row(*(Text(cell) for cell in row))
+    return t
 
 
 @app.command(cls=COMMAND)

@@ -109,7 +109,11 @@ def queue_line(row: dict[str, Any], now: float) -> str:
     if not pos:  # the server has not planned it yet: that takes a second
         return "queued: its place and estimated start come with the queue's next pass (a second)"
     reason = row.get("reason") or "waiting for devices"
-    return f"queued: position {pos}, estimated start {when(row.get('est_start'), now)}; {reason}"
+    if row.get("wait") in ("held", "after"):  # its reason says what it waits for
+        return f"queued: position {pos}; {reason}"
+    est = row.get("est_start")
+    start = when(est, now) if est is not None or not row.get("start_note") else row["start_note"]
+    return f"queued: position {pos}, estimated start {start}; {reason}"
 
 
 def _until_started(source: Source, name: str, timeout_s: float = 60.0) -> None:

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, approve_quote, out, print_json, remote, store
+from gpufleet.cli.app import COMMAND, app, approve_quote, err, out, print_json, remote, store
 from gpufleet.cli.help import with_panels
 from gpufleet.cli.job_spec import job_data, job_spec
 from gpufleet.cli.options import (
+    After,
     BootstrapOpt,
     Count,
     CpuSlots,
@@ -60,7 +61,7 @@ RUN_PANELS = {
     **dict.fromkeys(("max_restarts", "hang_timeout", "checkpoint_to", "workers", "scale_up_util",
                      "scale_down_util", "cooldown", "scale_tolerance", "resume"), SURVIVAL),
     **dict.fromkeys(("total_steps", "loss_pattern", "bootstrap"), PROGRESS),
-    **dict.fromkeys(("priority", "time_limit", "no_queue"), QUEUE),
+    **dict.fromkeys(("priority", "time_limit", "after", "no_queue"), QUEUE),
     **dict.fromkeys(("name", "file", "dry_run", "detach", "yes", "help"), OUTPUT),
 }
 
@@ -118,6 +119,7 @@ def run(
     bootstrap: BootstrapOpt = True,
     priority: Priority = None,
     time_limit: TimeLimit = None,
+    after: After = None,
     no_queue: NoQueue = False,
     name: Annotated[str | None, typer.Option("--name", help="Job name.")] = None,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Job YAML.")] = None,
@@ -134,7 +136,8 @@ def run(
 
     if resume is not None:
         named = [opt for opt, v in (("SCRIPT", script), ("-f", file), ("--cluster", cluster),
-                                    ("--gpu", gpu), ("--count", count), ("--name", name))
+                                    ("--gpu", gpu), ("--count", count), ("--name", name),
+                                    ("--after", after))
                  if v is not None]
         if named or ctx.args:
             raise SpecError([("resume", f"--resume continues a job as it was defined; drop "
@@ -158,7 +161,7 @@ def run(
              "scale_tolerance": scale_tolerance,
              "total_steps": total_steps, "loss_pattern": loss_pattern,
              "bootstrap": None if bootstrap else False, "priority": priority,
-             "time_limit": time_limit}
+             "time_limit": time_limit, "after": after}
     inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
               "price_book": price_book, "nodes": nodes, "pool": pool}
     client = remote()
@@ -190,10 +193,14 @@ def run(
         hand_over(st, *result, detach, cpu_slots)
         return
     from gpufleet.cli.follow import LocalSource, wait_and_follow
-    from gpufleet.cli.queue import queued_message
+    from gpufleet.cli.queue import queued_headline, queued_message
     from gpufleet.server import local
     from gpufleet.store import gpufleet_home
 
+    err.print(queued_headline(result), highlight=False)
+    if local.running(gpufleet_home()) is None:  # its start takes seconds: say why we wait
+        err.print("Starting the local queue server (the first queued job starts it; a few "
+                  "seconds)...", highlight=False)
     local.ensure(gpufleet_home(), cpu_slots)
     queued_message(result.name, queued.entry(st, result.name), detach)
     if not detach:

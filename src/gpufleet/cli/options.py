@@ -98,3 +98,6 @@ TimeLimit = Annotated[str | None, typer.Option(
     "(estimated starts, small jobs started early).")]
 NoQueue = Annotated[bool, typer.Option(
     "--no-queue", help="Refuse instead of queueing when the devices are busy.")]
+After = Annotated[str | None, typer.Option(
+    "--after", metavar="JOB", help="Start only after this job of yours succeeded (Slurm's "
+    "afterok); if it fails or is stopped, this job is cancelled with that reason.")]

@@ -1,4 +1,5 @@
-"""Queue commands: `jobs` (queued, running and ended jobs in one list) and `cancel`."""
+"""Queue commands: `jobs` (queued, running and ended jobs in one list), `cancel`, `hold` and
+`release`."""
 
 from __future__ import annotations
 
@@ -17,17 +18,24 @@ if TYPE_CHECKING:
     from gpufleet.store import QueuedJob, Store
 
 
+def queued_headline(entry: QueuedJob) -> str:
+    """The first line about a job that was queued: why it did not start at once."""
+    why = f"it starts once {entry.after} succeeded" if entry.after else "its devices are busy"
+    return f"Job {entry.name} is queued: {why}."
+
+
 def queued_message(name: str, entry: QueuedJob | None, detach: bool) -> None:
+    """Its place (once the queue planned it) and, with -d, what to do next."""
     from gpufleet.cli.follow import queue_line
     from gpufleet.lifecycle import listing
 
     row = listing.queued_row(entry) if entry is not None else {}
-    err.print(f"Job {name} is queued: its devices are busy.", highlight=False)
     if row:
         err.print("  " + queue_line(row, time.time()), markup=False, highlight=False,
                   soft_wrap=True)
     if detach:
         err.print(f"  place:   gpufleet jobs\n  cancel:  gpufleet cancel {name}\n"
+                  f"  hold:    gpufleet hold {name}   (keeps its place, does not start)\n"
                   f"  follow:  gpufleet logs {name} -f   (once it started)", highlight=False)
 
 
@@ -39,30 +47,39 @@ def _age(t: float | None, now: float) -> str:
         f"{d / 3600:.1f}h ago"
 
 
+def start_text(r: dict[str, Any], now: float) -> str:
+    """The START column: a queued job's place and estimated start (or why there is none:
+    held, after a job, what holds its devices has no end); how long ago a job started."""
+    from gpufleet.cli.follow import when
+
+    if r["status"] != "queued":
+        return _age(r.get("started_at"), now)
+    place = f"#{r['position']} " if r.get("position") else ""
+    if r.get("est_start") is not None:
+        return place + when(r["est_start"], now).replace("in about ", "~")
+    return place + (r.get("start_note") or ("held" if r.get("held_by") else "-"))
+
+
 def _table(rows: list[dict[str, Any]], now: float) -> Any:
     from rich.table import Table
 
     from gpufleet import ui
-    from gpufleet.cli.follow import when
 
     t = Table(box=None, pad_edge=False)
     for col in ("JOB", "USER", "STATUS", "PRI", "DEVICES", "SUBMITTED", "START", "COST",
                 "NOTE"):
         t.add_column(col, overflow="fold")
     for r in rows:
-        queued = r["status"] == "queued"
-        start = (f"#{r['position']} " if r.get("position") else "") + \
-            when(r.get("est_start"), now).replace("in about ", "~") if queued else \
-            _age(r.get("started_at"), now)
-        if queued and r.get("est_start") is None:
-            start = (f"#{r['position']} " if r.get("position") else "") + "?"
-        status = r["status"]
+        held = r["status"] == "queued" and (r.get("held_by") or r.get("wait") == "held")
+        status = "held" if held else r["status"]
         if r.get("slurm"):  # Slurm's own state of the allocation (squeue)
             status += f" (Slurm {r['slurm']['id']}: {r['slurm']['state'].lower()})"
+        cost = r.get("cost_usd")
         t.add_row(r["name"], r.get("user") or "-", status,
                   "-" if r.get("priority") is None else str(r["priority"]),
-                  f"{r['count']} x {r['gpu']}", _age(r.get("submitted_at"), now), start,
-                  ui.usd(r.get("cost_usd") or 0.0), r.get("reason") or "")
+                  f"{r['count']} x {r['gpu']}", _age(r.get("submitted_at"), now),
+                  start_text(r, now), "-" if cost is None else ui.usd(cost),
+                  r.get("reason") or "")
     return t
 
 
@@ -72,13 +89,16 @@ def jobs(
     user: Annotated[str | None, typer.Option("--user", help="Only this user's jobs.")] = None,
     as_json: Json = False,
 ) -> None:
-    """Queued, running and ended jobs: each queued one with its place, estimated start and why
-    it waits. On a Slurm pool, Slurm's own state of each job's allocation, and the allocations
-    still pending in Slurm's queue with Slurm's reason."""
+    """The queue and your jobs: every queued job in its order (its place, estimated start and
+    why it waits) and every running one, of all users (through a server, other users' job
+    names are hidden unless you are an admin), then your ended jobs. On a Slurm pool, Slurm's
+    own state of each job's allocation, and the allocations still pending in Slurm's queue
+    with Slurm's reason."""
     now = time.time()
     client = remote()
     if client is not None:
-        rows = client.call("GET", "/api/v1/jobs", query={"all": str(all_).lower(), "user": user})
+        rows = client.call("GET", "/api/v1/jobs", query={"all": str(all_).lower(), "user": user,
+                                                         "everyone": "true"})
     else:
         from gpufleet.lifecycle import accounts, listing, queued
         from gpufleet.server import local
@@ -86,8 +106,12 @@ def jobs(
 
         st = store()
         if queued.waiting(st) and local.running(gpufleet_home()) is None:
-            local.ensure(gpufleet_home())  # queued jobs, no one to start them: a server again
-        rows = listing.table(st, accounts.local_identity(st), now, every=all_, user=user)
+            # queued jobs, no one to start them (after a reboot, say): a server again
+            err.print("Starting the local queue server (jobs are queued and none serves "
+                      "them; a few seconds)...", highlight=False)
+            local.ensure(gpufleet_home())
+        rows = listing.table(st, accounts.local_identity(st), now, every=all_, user=user,
+                             everyone=True)
         from gpufleet.lifecycle import engine_alloc
 
         rows = engine_alloc.queue_rows(st, rows, now)  # Slurm's own state, where a pool is Slurm
@@ -112,6 +136,39 @@ def cancel(job: Annotated[str, typer.Argument(help="A queued job.")]) -> None:
         st = store()
         queued.cancel(st, job, accounts.local_identity(st))
     out.print(f"Job {job}: cancelled (it was queued).")
+
+
+def _hold_or_release(job: str, action: str) -> None:
+    client = remote()
+    if client is not None:
+        changed = client.call("POST", f"/api/v1/jobs/{seg(job)}/{action}")["changed"]
+    else:
+        from gpufleet.lifecycle import accounts, hold_release
+
+        st = store()
+        do = hold_release.hold if action == "hold" else hold_release.release
+        changed = do(st, job, accounts.local_identity(st))
+    if action == "hold":
+        out.print(f"Job {job}: held; it keeps its place in the queue but does not start until "
+                  f"gpufleet release {job}." if changed else f"Job {job} is already held.",
+                  highlight=False)
+    else:
+        out.print(f"Job {job}: released; it starts in its turn." if changed else
+                  f"Job {job} is not held.", highlight=False)
+
+
+@app.command(cls=COMMAND)
+def hold(job: Annotated[str, typer.Argument(help="A queued job of yours.")]) -> None:
+    """Keep a queued job from starting: it keeps its place (and priority) in the queue until
+    gpufleet release. Your own jobs; an admin anyone's."""
+    _hold_or_release(job, "hold")
+
+
+@app.command(cls=COMMAND)
+def release(job: Annotated[str, typer.Argument(help="A held job.")]) -> None:
+    """Let a held job start again in its turn. A job an admin held is the admin's to
+    release."""
+    _hold_or_release(job, "release")
 
 
 def queue_row(st: Store, name: str) -> dict[str, Any] | None:

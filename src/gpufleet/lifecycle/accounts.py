@@ -12,6 +12,8 @@ import hashlib
 import re
 import secrets
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +21,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet import catalog
-from gpufleet.errors import ConflictError, ForbiddenError, NotFoundError, SpecError
+from gpufleet.errors import (
+    ConflictError,
+    ForbiddenError,
+    GpufleetError,
+    NotFoundError,
+    ServerError,
+    SpecError,
+    StateError,
+    excerpt,
+)
 from gpufleet.spec import check_name
 from gpufleet.store import AuditEvent, Budget, Quota, Store, Team, User
 
@@ -85,6 +96,21 @@ def audit(s: Session, who: Identity | str, action: str, subject: str = "", detai
     s.add(AuditEvent(time=time.time() if t is None else t,
                      user=who if isinstance(who, str) else who.user, action=action,
                      subject=subject, detail=detail))
+
+
+@contextmanager
+def refusals_audited(store: Store, who: Identity, action: str, subject: str) -> Iterator[None]:
+    """A refused request becomes an audit row (`ACTION_refused`, with the refusal as its
+    detail), then the refusal goes on to the caller: who tried what and was told no is part of
+    the trail, not only what was done. A store that cannot be used is not a refusal."""
+    try:
+        yield
+    except (StateError, ServerError):
+        raise
+    except GpufleetError as exc:
+        with store.session() as s:
+            audit(s, who, f"{action}_refused", excerpt(subject, 96), str(exc))
+        raise
 
 
 def named(value: str, what: str) -> str:

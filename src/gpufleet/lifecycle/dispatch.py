@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import bindparam, select, update
 
 from gpufleet.errors import AllocationError, ConflictError, GpufleetError, LimitError
-from gpufleet.lifecycle import accounts, jobs, pools, reconcile, runs, submit
+from gpufleet.lifecycle import accounts, depends, jobs, pools, reconcile, runs, submit
 from gpufleet.lifecycle.queued import limits_now, waiting_of
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JobStatus, QueueStatus
 from gpufleet.pool.allocate import Allocator
@@ -37,6 +37,7 @@ class Pass:
     plan: Plan
     started: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
+    cancelled: dict[str, str] = field(default_factory=dict)  # what they ran after failed
 
 
 def _ends_by(j: Job) -> float | None:
@@ -61,7 +62,8 @@ def running_now(store: Store) -> list[Running]:
                    j.started_at or j.created_at, _ends_by(j),
                    c.name if c.for_job != j.name else None) for j, c in found]
     out += [Running(f"cluster {c.name}", c.user or "-", member[c.user or ""],
-                    (c.pool or "local", c.gpu), c.count, c.started_at or c.created_at, None)
+                    (c.pool or "local", c.gpu), c.count, c.started_at or c.created_at, None,
+                    idle=True)
             for c in idle]
     return out
 
@@ -156,9 +158,14 @@ def dispatch(store: Store, now: float | None = None) -> Pass:
         if never:
             _refuse(store, e, f"it can no longer start: {never.split(': ', 1)[1]}", now)
             del entries[e.name]
+    states = depends.states(store, (e.after for e in entries.values()))
     decided = scheduler.plan([waiting_of(e) for e in entries.values()], running_now(store), free,
-                             _fits(inv, specs), limits, recent_use(store, now), now)
+                             _fits(inv, specs), limits, recent_use(store, now), now,
+                             states=states)
     done = Pass(decided)
+    for gone in decided.cancels:  # what they run after can no longer succeed
+        _cancel(store, entries[gone.name], gone.text, now)
+        done.cancelled[gone.name] = gone.text
     for start in decided.starts:
         e = entries[start.name]
         why = _start(store, e, parsed[e.name], start.backfilled, now)
@@ -170,8 +177,9 @@ def dispatch(store: Store, now: float | None = None) -> Pass:
              f"pool {entries[h.name].pool} cannot be used now: {inv.problems[entries[h.name].pool]}"
              for h in decided.held}
     changed = [h for h in decided.held if (entries[h.name].wait, entries[h.name].reason,
-                                           entries[h.name].position, entries[h.name].est_start)
-               != (h.wait.value, texts[h.name], h.position, h.est_start)]
+                                           entries[h.name].position, entries[h.name].est_start,
+                                           entries[h.name].start_note)
+               != (h.wait.value, texts[h.name], h.position, h.est_start, h.unknown)]
     if changed:
         # only what changed (a pass that changes nothing writes nothing: no write lock, no
         # fsync), in one statement (an ORM update each cost ~0.4 ms: 40 ms a pass for a queue
@@ -179,11 +187,11 @@ def dispatch(store: Store, now: float | None = None) -> Pass:
         q = QueuedJob.metadata.tables[QueuedJob.__tablename__]
         held = (update(q).where(q.c.name == bindparam("n"), q.c.status == QueueStatus.QUEUED)
                 .values(wait=bindparam("w"), reason=bindparam("r"), position=bindparam("p"),
-                        est_start=bindparam("e"), decided_at=now))
+                        est_start=bindparam("e"), start_note=bindparam("u"), decided_at=now))
         with store.session() as s:
             s.connection().execute(held, [
                 {"n": h.name, "w": h.wait.value, "r": texts[h.name], "p": h.position,
-                 "e": h.est_start} for h in changed])
+                 "e": h.est_start, "u": h.unknown} for h in changed])
     return done
 
 
@@ -278,6 +286,17 @@ def _requeue(store: Store, entry_id: int) -> None:
     with store.session() as s:
         s.execute(update(QueuedJob).where(QueuedJob.id == entry_id)
                   .values(status=QueueStatus.QUEUED, left_at=None, reason=None))
+
+
+def _cancel(store: Store, e: QueuedJob, why: str, now: float) -> None:
+    """Out of the queue for good, with the reason (a cancel or a start that came first wins)."""
+    with store.session() as s:
+        done = s.execute(update(QueuedJob).where(QueuedJob.id == e.id,
+                                                 QueuedJob.status == QueueStatus.QUEUED)
+                         .values(status=QueueStatus.CANCELLED, reason=f"cancelled: {why}",
+                                 left_at=now, env_json=None))
+        if getattr(done, "rowcount", 1):
+            accounts.audit(s, "gpufleet", "cancel", e.name, why, now)
 
 
 def _refuse(store: Store, e: QueuedJob, why: str, now: float) -> str:

@@ -17,12 +17,13 @@ from sqlalchemy import select, update
 
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, LimitError, NotFoundError, SpecError
-from gpufleet.lifecycle import accounts, clusters, jobs, pools, submit, teams
+from gpufleet.lifecycle import accounts, clusters, depends, jobs, pools, submit, teams
 from gpufleet.lifecycle.accounts import Identity
 from gpufleet.lifecycle.provision import Approve, Offer
 from gpufleet.lifecycle.status import QueueStatus
 from gpufleet.pool.allocate import allocate
 from gpufleet.sched import admit
+from gpufleet.sched import after as after_rule
 from gpufleet.sched.model import Limits, Waiting
 from gpufleet.spec import ClusterSpec, JobSpec
 from gpufleet.store import Cluster, Job, QueuedJob, Store
@@ -55,7 +56,7 @@ def need_of(store: Store, spec: JobSpec) -> Need:
 
 def waiting_of(e: QueuedJob) -> Waiting:
     return Waiting(e.name, e.user, e.team, e.priority, e.submitted_at, (e.pool, e.gpu), e.count,
-                   e.cluster, e.time_limit_s, e.usd_per_hour)
+                   e.cluster, e.time_limit_s, e.usd_per_hour, e.after, e.held_by is not None)
 
 
 def _never_fits(store: Store, spec: ClusterSpec, cpu_slots: int | None) -> AllocationError | None:
@@ -133,11 +134,12 @@ def enqueue(store: Store, spec: JobSpec, who: Identity, need: Need, cpu_slots: i
                           env_json=None if environ is None else json.dumps(dict(environ)),
                           pool=need.pool, gpu=need.gpu, count=need.count, cluster=need.cluster,
                           usd_per_hour=need.usd_per_hour, time_limit_s=need.time_limit_s,
-                          status=QueueStatus.QUEUED)
+                          status=QueueStatus.QUEUED, after=spec.after)
         s.add(entry)
         accounts.audit(s, who, "submit", spec.name,
                        f"queued: {need.count} x {need.gpu} on {need.cluster or need.pool}, "
-                       f"priority {spec.priority}", now)
+                       f"priority {spec.priority}"
+                       + (f", after {spec.after}" if spec.after else ""), now)
     return entry
 
 
@@ -162,8 +164,10 @@ def _contending(store: Store, need: Need, in_use: Mapping[tuple[str, str], int],
     """Whether a queued job waits for what this one needs, so this one waits its turn too:
     one for the same existing cluster, or for new devices of the same pool and type. One that
     its team's quota or budget holds waits for that, not for the devices, and as in the
-    scheduler (`sched.plan`) holds up no one."""
-    q = select(QueuedJob).where(QueuedJob.status == QueueStatus.QUEUED)
+    scheduler (`sched.plan`) holds up no one; so does one held, or waiting for the job it runs
+    after."""
+    q = select(QueuedJob).where(QueuedJob.status == QueueStatus.QUEUED,
+                                QueuedJob.held_by.is_(None))
     if need.cluster is not None:
         q = q.where(QueuedJob.cluster == need.cluster)
     else:
@@ -171,8 +175,11 @@ def _contending(store: Store, need: Need, in_use: Mapping[tuple[str, str], int],
                     QueuedJob.gpu == need.gpu)
     with store.read() as s:
         found = [waiting_of(e) for e in s.scalars(q)]
+    done = depends.states(store, (w.after for w in found))
     return any(not (admit.quota_problem(w, in_use, limits)
-                    or admit.budget_problem(w, limits.budget_left, limits)) for w in found)
+                    or admit.budget_problem(w, limits.budget_left, limits)
+                    or (w.after is not None and not after_rule.ready(done.get(w.after))))
+               for w in found)
 
 
 def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
@@ -196,10 +203,16 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
     if never:
         field, why = never.split(": ", 1)
         raise SpecError([(field, why)])
+    first = None if spec.after is None else depends.check(store, spec.after, who)
     in_use = teams.in_use(store)
     ahead = _contending(store, need, in_use, limits)
     held = admit.quota_problem(w, in_use, limits) or \
         admit.budget_problem(w, limits.budget_left, limits)
+    if spec.after is not None and not after_rule.ready(first):
+        if not queue:
+            raise ConflictError(f"after: job {spec.after} has not succeeded yet (it is "
+                                f"{first}); without --no-queue this job would wait for it")
+        held = "it runs after a job that has not succeeded yet"
     if not queue:
         if held:
             raise ConflictError(f"limits: {held} (without --no-queue it would wait in the queue)")

@@ -22,6 +22,8 @@ class Wait(StrEnum):
     CLUSTER = "cluster"  # the cluster it names runs another job
     QUOTA = "quota"  # its team holds its GPU quota
     BUDGET = "budget"  # its team's monthly budget is spent, or would be by this job
+    HELD = "held"  # its owner (or an admin) held it: it keeps its place but does not start
+    AFTER = "after"  # the job it runs after (--after, Slurm's afterok) has not succeeded yet
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class Waiting:
     cluster: str | None = None  # an existing cluster it runs on, else one is made for it
     duration_s: float | None = None  # its time limit (or an estimate); None: unknown
     usd_per_hour: float = 0.0  # what it will be billed per hour
+    after: str | None = None  # a job that must succeed before this one may start
+    held: bool = False  # held (gpufleet hold) until released
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class Running:
     ends_by: float | None  # start + time limit; None: no limit, so no promise
     cluster: str | None = None  # the existing cluster it runs on, which keeps its devices
     # when the job ends (None: a cluster made for the job, whose devices end with it)
+    idle: bool = False  # not a job: a launched cluster without one, holding its devices until
+    # it is stopped
 
 
 @dataclass(frozen=True)
@@ -76,13 +82,24 @@ class Held:
     wait: Wait
     text: str  # one line, with the numbers
     position: int  # 1 = next to start among the waiting jobs
-    est_start: float | None  # None: it cannot be told (a running job has no time limit)
+    est_start: float | None  # None: it cannot be told; `unknown` says why
+    unknown: str | None = None  # why there is no estimate, in words ("held", "after j1",
+    # "unknown (a running job has no --time-limit)"); None when there is one
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """A queued job that can never start (the job it runs after failed): it leaves the queue."""
+
+    name: str
+    text: str
 
 
 @dataclass(frozen=True)
 class Plan:
     starts: tuple[Start, ...]
     held: tuple[Held, ...]
+    cancels: tuple[Cancel, ...] = ()
 
     def held_of(self, name: str) -> Held | None:
         return next((h for h in self.held if h.name == name), None)

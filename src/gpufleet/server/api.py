@@ -28,7 +28,7 @@ from gpufleet.errors import (
     NotFoundError,
     StateError,
 )
-from gpufleet.lifecycle import accounts, jobs, listing, queued, reconcile, runs
+from gpufleet.lifecycle import accounts, hold_release, jobs, listing, queued, reconcile, runs
 from gpufleet.lifecycle.accounts import Identity
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.server import API_VERSION, api_admin, api_clusters
@@ -151,11 +151,13 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
     @app.post("/api/v1/jobs")
     def submit_job(body: JobIn, request: Request) -> dict[str, Any]:
         me = who(request)
-        spec = parse_job(store, body.spec)
-        # CPU slots are this host's to say: only its owner's CLI (the local server) may
-        slots = body.cpu_slots if _owner_call(request) else None
-        result = queued.run_or_queue(store, spec, me, lambda _offer: None, slots,
-                                     queue=body.queue)
+        named = body.spec.get("name") or body.spec.get("script") or ""
+        with accounts.refusals_audited(store, me, "submit", str(named)):
+            spec = parse_job(store, body.spec)
+            # CPU slots are this host's to say: only its owner's CLI (the local server) may
+            slots = body.cpu_slots if _owner_call(request) else None
+            result = queued.run_or_queue(store, spec, me, lambda _offer: None, slots,
+                                         queue=body.queue)
         if isinstance(result, tuple):
             job, cluster = result
             try:
@@ -172,12 +174,14 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
         return {"name": result.name, "status": result.status}
 
     @app.get("/api/v1/jobs")
-    def list_jobs(request: Request, all: bool = False, user: str | None = None
-                  ) -> list[dict[str, Any]]:
+    def list_jobs(request: Request, all: bool = False, user: str | None = None,
+                  everyone: bool = False) -> list[dict[str, Any]]:
+        """`everyone`: the whole queue, every user's queued and running jobs (another user's
+        without its name unless the caller is an admin), as `gpufleet jobs` shows it."""
         me = who(request)
-        if user is not None and not me.admin and user != me.user:
+        if user is not None and not me.admin and user != me.user and not everyone:
             raise ForbiddenError(f"user: only an admin may list {user}'s jobs")
-        return listing.table(store, me, time.time(), every=all, user=user)
+        return listing.table(store, me, time.time(), every=all, user=user, everyone=everyone)
 
     def _owner(name: str) -> str | None:
         e = queued.entry(store, name)
@@ -196,9 +200,33 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
 
     @app.post("/api/v1/jobs/{name}/cancel")
     def cancel(name: str, request: Request) -> dict[str, Any]:
-        e = queued.cancel(store, name, who(request))
+        me = who(request)
+        with accounts.refusals_audited(store, me, "cancel", name):
+            e = queued.cancel(store, name, me)
         woke()
         return listing.queued_row(e)
+
+    @app.post("/api/v1/jobs/{name}/hold")
+    def hold(name: str, request: Request) -> dict[str, Any]:
+        me = who(request)
+        with accounts.refusals_audited(store, me, "hold", name):
+            changed = hold_release.hold(store, name, me)
+        woke()
+        return {**listing.queued_row(_entry(name)), "changed": changed}
+
+    @app.post("/api/v1/jobs/{name}/release")
+    def release(name: str, request: Request) -> dict[str, Any]:
+        me = who(request)
+        with accounts.refusals_audited(store, me, "release", name):
+            changed = hold_release.release(store, name, me)
+        woke()
+        return {**listing.queued_row(_entry(name)), "changed": changed}
+
+    def _entry(name: str) -> Any:
+        e = queued.entry(store, name)
+        if e is None:
+            raise NotFoundError(f"job: no queued job named '{name}' (gpufleet jobs)")
+        return e
 
     def _started_record(name: str) -> Any:
         """The job's record; for one the queue claimed a moment ago, once it exists."""
@@ -216,11 +244,13 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
         me = who(request)
         e = queued.entry(store, name)
         if e is not None and e.status == "queued":
-            gone = queued.cancel(store, name, me)
+            with accounts.refusals_audited(store, me, "stop", name):
+                gone = queued.cancel(store, name, me)
             woke()
             return {"name": name, "status": gone.status, "reason": gone.reason}
-        j = _started_record(name)
-        accounts.may_act_on(me, j.user, f"stop {name}")
+        j = _started_record(name)  # not found: the CLI tries a cluster of that name next
+        with accounts.refusals_audited(store, me, "stop", name):
+            accounts.may_act_on(me, j.user, f"stop {name}")
         with store.session() as s:
             accounts.audit(s, me, "stop", name)
         ended = runs.stop_job(store, j)

@@ -93,7 +93,8 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
                 raise  # it names the running clusters: everyone's are an admin's to see
             raise NotFoundError(f"cluster: no cluster named '{name}' (GET /api/v1/clusters "
                                 "lists yours)") from None
-        accounts.may_act_on(me, c.user, f"stop {name}")
+        with accounts.refusals_audited(store, me, "stop", name):
+            accounts.may_act_on(me, c.user, f"stop {name}")
         if c.status not in clusters.ACTIVE:
             raise ConflictError(f"cluster: '{name}' is {c.status}, not running")
         with store.session() as s:

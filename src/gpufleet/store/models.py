@@ -287,6 +287,11 @@ class QueuedJob(Base):
     # the last pass that changed its place, wait or reason
     decided_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     left_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # started or cancelled
+    # a job that must succeed before this one starts (--after); who held it (gpufleet hold),
+    # None while it is not held; why est_start is None, in words (sched.model.Held.unknown)
+    after: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    held_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    start_note: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class AuditEvent(Base):
