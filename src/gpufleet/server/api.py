@@ -208,6 +208,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
 
     @app.post("/api/v1/jobs/{name}/hold")
     def hold(name: str, request: Request) -> dict[str, Any]:
+        """Hold a queued job: it keeps its place but does not start (its owner or an admin)."""
         me = who(request)
         with accounts.refusals_audited(store, me, "hold", name):
             changed = hold_release.hold(store, name, me)
@@ -216,6 +217,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
 
     @app.post("/api/v1/jobs/{name}/release")
     def release(name: str, request: Request) -> dict[str, Any]:
+        """Release a held job (an admin's hold only an admin releases)."""
         me = who(request)
         with accounts.refusals_audited(store, me, "release", name):
             changed = hold_release.release(store, name, me)
