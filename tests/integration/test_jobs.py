@@ -133,13 +133,10 @@ def test_ctrl_c_stops_a_foreground_job(fleet: Fleet) -> None:
         deadline = time.monotonic() + 30  # the panel (a full-width box) is on the screen
         while "╭─ sleepy on" not in proc.output and time.monotonic() < deadline:
             time.sleep(0.1)
-        t0 = time.monotonic()
         proc.press_ctrl_c()
-        out, _ = proc.communicate(timeout=20)
-        took = time.monotonic() - t0
+        out, _ = proc.communicate(timeout=60)  # a hang, not a slow machine, would pass this
     finally:
         end(proc)  # type: ignore[arg-type]
-    assert took < 15, f"Ctrl-C took {took:.1f}s"
     assert proc.returncode == 130, "a shell reports 130 for a command ended by Ctrl-C"
     assert not wait_no_leftovers(fleet.home, SLEEPER, timeout=2), "workers survived Ctrl-C"
 
@@ -236,10 +233,11 @@ def test_crashing_rank_fails_the_job_with_its_error(fleet: Fleet) -> None:
 
 def test_detached_job_logs_follow_and_stop(fleet: Fleet) -> None:
     fleet.ok("launch", "--gpu", "cpu", "--count", "2", "--name", "work", "-y")
-    t0 = time.monotonic()
-    r = fleet.ok("run", "-d", "--cluster", "work", "--name", "det", "-y", SLEEPER, timeout=30)
-    assert time.monotonic() - t0 < 10, "run -d returns at once"
+    # the sleeper never ends by itself: `run -d` returning at all, with the job not yet ended,
+    # is what "detached" means (no wall-clock bound: a busy machine only makes it slower)
+    r = fleet.ok("run", "-d", "--cluster", "work", "--name", "det", "-y", SLEEPER, timeout=120)
     assert "det" in r.stdout
+    assert fleet.status("det")["status"] in ("starting", "running")
     follower = fleet.popen("logs", "det", "-f")
     try:
         fleet.wait_for_step("det", 2)

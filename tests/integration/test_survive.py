@@ -26,8 +26,10 @@ from fleet_helpers import WORKERS, Fleet, wait_no_leftovers
 SURVIVE = str(WORKERS / "survive.py")
 STEPS = 30
 # A test that kills something once step 12 is seen needs the job still running when the kill
-# lands: 18 steps of 0.1 s (1.8 s) were sometimes gone under load before `status` had answered
-# and the process was found; 0.3 s a step leaves 5.4 s, three times that.
+# lands: the kill tests park the workers after step 12 until a gate file appears (--wait-at,
+# --gate), made once the kill is done, so no load can end the job first. The hang test cannot
+# park (a parked rank is silent: the hang would be found before the SIGSTOP); 0.3 s a step
+# leaves it 6.6 s after step 8 to find rank 1, which it does before the clock starts.
 KILL_STEP_SLEEP_S = 0.3
 
 
@@ -93,9 +95,11 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_weights(
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "k9", "-y",
              "--max-restarts", "2", SURVIVE, "--", "--steps", str(STEPS), "--every", "5",
              "--async-save", "--step-sleep", str(KILL_STEP_SLEEP_S), "--slow-until", "1000",
+             "--wait-at", "12", "--gate", str(tmp_path / "go"),
              "--losses", str(losses), "--out", str(out))
     fleet.wait_for_step("k9", 12)
     os.kill(rank_pid(fleet.home, 1), signal.SIGKILL)  # kill -9 mid-training
+    (tmp_path / "go").touch()
     s = wait_done(fleet, "k9")
     assert s["status"] == "succeeded", s
     assert s["step"] == STEPS
@@ -143,7 +147,8 @@ def test_killed_supervisor_leaves_nothing_and_resume_skips_a_corrupt_checkpoint(
     losses, out = tmp_path / "losses.jsonl", tmp_path / "out.pt"
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "orphan", "-y", SURVIVE,
              "--", "--steps", str(STEPS), "--every", "5", "--step-sleep", str(KILL_STEP_SLEEP_S),
-             "--slow-until", "1000", "--losses", str(losses), "--out", str(out))
+             "--slow-until", "1000", "--wait-at", "12", "--gate", str(tmp_path / "go"),
+             "--losses", str(losses), "--out", str(out))
     follower = fleet.popen("logs", "orphan", "-f")
     try:
         fleet.wait_for_step("orphan", 12)
@@ -152,6 +157,7 @@ def test_killed_supervisor_leaves_nothing_and_resume_skips_a_corrupt_checkpoint(
                and p.environ().get("GPUFLEET_HOME") == str(fleet.home)]
         assert len(sup) == 1
         sup[0].kill()
+        (tmp_path / "go").touch()  # for the resumed run, which passes step 12 again
         try:
             follower.communicate(timeout=8)
             followed_on = False

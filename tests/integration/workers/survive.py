@@ -5,7 +5,9 @@ restarts, and writes the final weights to --out. --slow-until STEP makes each st
 utilization) before that step; steps after it run a busy loop (high utilization), for the
 autoscaling test; --alone-sleep S adds S seconds to every step while the job runs on one
 worker (a shrink that ruins the throughput, for the goodput verdict). --die-at STEP kills rank
---die-rank with SIGKILL there, once (a marker file next to --losses remembers it).
+--die-rank with SIGKILL there, once (a marker file next to --losses remembers it). --wait-at
+STEP --gate FILE parks every rank after that step until FILE exists, so a test can kill
+something mid-job however slow the machine is, instead of racing the remaining steps.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def main() -> None:
     p.add_argument("--die-at", type=int, default=0)
     p.add_argument("--die-rank", type=int, default=1)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--wait-at", type=int, default=0)
+    p.add_argument("--gate", type=Path, default=None)
     p.add_argument("--writers", type=int, default=None)
     args = p.parse_args()
 
@@ -98,6 +102,8 @@ def main() -> None:
             marker.write_text(str(step))
             os.kill(os.getpid(), signal.SIGKILL)
         ckpt.step(step)
+        while step == args.wait_at and args.gate is not None and not args.gate.exists():
+            time.sleep(0.05)
     ckpt.close()
     weights = train.full_state_dict(model)
     if ctx.rank == 0 and args.out is not None:
