@@ -439,7 +439,8 @@ class JobSpec(_Spec):
         data = {k: v for k, v in data.items() if v is not None}
         script = data.get("script")
         base = Path(str(data.get("workdir") or "."))
-        missing = ([("script", f"no such file: {script}")]
+        missing = ([("script", f"{script} is a directory, not a script" if (base / script).is_dir()
+                     else f"no such file: {script}")]
                    if isinstance(script, str) and script.strip() and not (base / script).is_file()
                    else [])
         try:

@@ -381,7 +381,12 @@ def test_job_missing_script_file(tmp_path: Path) -> None:
 
 
 def test_job_script_that_is_a_folder_refused(tmp_path: Path) -> None:
-    assert "no such file" in only_problem({"script": str(tmp_path)}, "script", JobSpec)
+    msg = only_problem({"script": str(tmp_path)}, "script", JobSpec)
+    assert msg == f"{tmp_path} is a directory, not a script"
+    # relative to the job's own folder, as the script itself is
+    (tmp_path / "src").mkdir()
+    assert only_problem({"script": "src", "workdir": str(tmp_path)}, "script", JobSpec) == \
+        "src is a directory, not a script"
 
 
 def test_job_blank_script_refused() -> None:
@@ -413,15 +418,21 @@ def test_load_yaml_missing_file(tmp_path: Path) -> None:
     assert info.value.problems == [("file", f"no such file: {p}")]
 
 
-def test_load_yaml_invalid_yaml(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("text", "said"), [
+    # the flow sequence opened on line 1 runs into line 2's mapping
+    ("gpu: [h100\ncount: 8\n", "line 2, column 6: expected ',' or ']', but got ':' "
+     "(in a flow sequence that starts at line 1, column 6)"),
+    ("gpu: cpu\n  count: 1\n", "line 2, column 8: mapping values are not allowed here"),
+    ("gpu: cpu\nname: 'dev\n", "line 3, column 1: found unexpected end of stream "
+     "(in a quoted scalar that starts at line 2, column 7)"),
+    ("gpu: cpu\n\tcount: 1\n", "line 2, column 1: found character '\\t' that cannot start any token"),
+])
+def test_load_yaml_invalid_yaml_says_where(tmp_path: Path, text: str, said: str) -> None:
     p = tmp_path / "bad.yaml"
-    p.write_text("gpu: [h100\ncount: 8\n")
+    p.write_text(text)
     with pytest.raises(SpecError) as info:
         load_yaml(p)
-    [(field, msg)] = info.value.problems
-    assert field == "file"
-    assert "is not valid YAML" in msg
-    assert "\n" not in msg  # only the first line of the parser's message
+    assert info.value.problems == [("file", f"{p} is not valid YAML: {said}")]
 
 
 @pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n", ""])

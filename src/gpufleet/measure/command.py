@@ -215,7 +215,9 @@ def scaling(name: str, script: str, workers: list[int], script_args: list[str], 
     if too_many:
         problems.append(("workers", f"{', '.join(map(str, too_many))} exceed the {have} devices of "
                          f"'{name}'; allowed: 1 to {have}"))
-    if not Path(script).is_file():
+    if Path(script).is_dir():
+        problems.append(("script", f"{script} is a directory, not a script"))
+    elif not Path(script).is_file():
         problems.append(("script", f"{script}: no such file"))
     if model is not None and 1 not in workers:
         problems.append(("workers", "include 1 to calibrate the compute rate: a 1-worker run has "
