@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from gpufleet.home import checked_home
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE
+from gpufleet.slot_words import network_shown
 
 SCHEMA_VERSION = 2  # store.db.SCHEMA_VERSION, which this reader understands
 COLUMNS = {
@@ -113,7 +114,7 @@ def _rows(db: sqlite3.Connection, every: bool, now: float) -> list[dict[str, Any
             "cost_usd": cost.accrued_usd(c["usd_per_hour"], c["started_at"], c["stopped_at"], now,
                                          c["banked_usd"] or 0.0, c["rate_since"]),
             "job": job[0] if job else None, "job_status": job[1] if job else None,
-            "topology": c["network"], "age_s": now - c["created_at"], "health": "-",
+            "topology": network_shown(c["gpu"], c["network"]), "age_s": now - c["created_at"], "health": "-",
             "pool": c["pool"] or "local", "simulated": bool(c["simulated"]),
         })
     return rows

@@ -261,7 +261,9 @@ class ClusterSpec(_Spec):
         if self.count % nodes:
             problems.append(("nodes", f"{self.count} GPUs cannot be split evenly over {nodes} "
                              "nodes; a cluster has the same number of GPUs on every node"))
-        elif self.count // nodes > MAX_GPUS_PER_NODE:
+        elif self.count // nodes > MAX_GPUS_PER_NODE and (
+                self.gpu != "cpu" or capabilities(self.backend).multi_node):
+            # CPU slots on this host: as many as it offers (--cpu-slots), checked where known
             where = (f" (the {self.backend} backend has one node)"
                      if not capabilities(self.backend).multi_node else "")
             problems.append(("count", f"at most {MAX_GPUS_PER_NODE} GPUs per node: {self.count} "

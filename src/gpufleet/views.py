@@ -16,6 +16,7 @@ from gpufleet.errors import NotFoundError
 from gpufleet.lifecycle import clusters, jobs, reconcile
 from gpufleet.plan import cost
 from gpufleet.pool.model import Node, Placement
+from gpufleet.slot_words import network_shown
 from gpufleet.store import Cluster, Job, Store
 from gpufleet.supervise import durable
 from gpufleet.supervise.view import JobView, job_view
@@ -58,7 +59,7 @@ def cluster_row(store: Store, c: Cluster, now: float, nodes: list[Node] | None) 
     row = cluster_dict(store, c, now)
     health = clusters.health(c, clusters.placements(store, c), nodes) if nodes is not None \
         else "unknown: pool unreachable"
-    return {**row, "topology": c.network, "age_s": now - c.created_at, "health": health,
+    return {**row, "topology": network_shown(c.gpu, c.network), "age_s": now - c.created_at, "health": health,
             "pool": c.pool or "local", "nodes": c.nodes, "simulated": bool(c.simulated)}
 
 

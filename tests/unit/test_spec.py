@@ -141,14 +141,24 @@ def test_count_above_128_refused() -> None:
 
 
 def test_more_than_eight_per_node_on_local_refused() -> None:
-    msg = only_problem({"gpu": "cpu", "count": 16}, "count")
+    msg = only_problem({"gpu": "H100", "count": 16}, "count")
     assert "at most 8 GPUs per node" in msg
     assert "--nodes 2" in msg  # ceil(16 / 8)
     assert "local backend has one node" in msg
 
 
+def test_cpu_slots_on_this_host_are_not_gpus_per_node() -> None:
+    """This host offers as many CPU slots as --cpu-slots says (up to 128): the spec cannot know
+    how many, so it leaves the count to the allocation, which says what the host offers."""
+    spec = ClusterSpec.parse({"gpu": "cpu", "count": 16})
+    assert (spec.node_count, spec.per_node) == (1, 16)
+    # a pool of CPU nodes (Ray) keeps the rule for each of its nodes
+    msg = only_problem({"gpu": "cpu", "count": 16, "nodes": 1, "backend": "ray"}, "count")
+    assert "at most 8 GPUs per node" in msg and "--nodes 2" in msg
+
+
 def test_nine_gpus_need_two_nodes() -> None:
-    assert "--nodes 2" in only_problem({"gpu": "cpu", "count": 9}, "count")  # ceil(9 / 8) == 2
+    assert "--nodes 2" in only_problem({"gpu": "A100", "count": 9}, "count")  # ceil(9 / 8) == 2
 
 
 def test_nodes_not_dividing_count_refused() -> None:
@@ -295,7 +305,7 @@ def test_several_cross_field_problems_reported_together() -> None:
 
 
 def test_field_and_cross_field_problems_reported_together() -> None:
-    assert fields_of({"gpu": "cpu", "count": 16, "name": "Bad"}) == {"name", "count"}
+    assert fields_of({"gpu": "H100", "count": 16, "name": "Bad"}) == {"name", "count"}
 
 
 # ---------------------------------------------------------------- JobSpec

@@ -32,6 +32,7 @@ from gpufleet.plan import calibration as calib
 from gpufleet.plan import compute, cost
 from gpufleet.plan.models import Model
 from gpufleet.pool.model import Placement
+from gpufleet.slot_words import network_shown
 from gpufleet.store import Cluster, Store
 
 TIMEOUT_S = 600.0
@@ -151,7 +152,7 @@ def allreduce(name: str, sizes: tuple[int, ...] | None, iters: int, out: Path | 
                                                "algbw_gbps": r.algbw_gbps, "busbw_gbps": r.busbw_gbps}
                                               for r in rows]}, indent=2) + "\n")
         return
-    render_collectives(rows, workers, c.network, peak, on_cpu, console)
+    render_collectives(rows, workers, network_shown(c.gpu, c.network), peak, on_cpu, console)
     console.print(f"Calibration saved to {path}; use it: gpufleet plan ... --calibration {path}")
 
 
@@ -272,7 +273,8 @@ def scaling(name: str, script: str, workers: list[int], script_args: list[str], 
         sys.stdout.write(json.dumps({"cluster": c.name, "script": saved.scaling_script, "rows": rows,
                                      "achieved_tflops": achieved, "calibration": str(path)}, indent=2) + "\n")
         return
-    t = Table(title=f"{script} on {c.name} ({c.gpu}, {c.network}, {book or 'no'} prices)",
+    t = Table(title=f"{script} on {c.name} ({c.gpu}, {network_shown(c.gpu, c.network)}, "
+              f"{book or 'no'} prices)",
               title_justify="left")
     for col in ("workers", "samples/s", "speedup", "scaling efficiency", "$ per 1,000 samples"):
         t.add_column(col, justify="right")
