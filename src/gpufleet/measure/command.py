@@ -33,13 +33,18 @@ from gpufleet.plan import compute, cost
 from gpufleet.plan.models import Model
 from gpufleet.pool.model import Placement
 from gpufleet.slot_words import network_shown
-from gpufleet.store import Cluster, Store
+from gpufleet.store import Cluster, Store, gpufleet_home
 
 TIMEOUT_S = 600.0
 
 
 def default_out(cluster: str) -> Path:
-    return Path(f"calibration-{cluster}.json")
+    """Where a bench writes without --out: under the state folder, not the current one (a
+    checkout, a shared folder), which a bench must not leave files in. `plan --calibration`
+    finds it there by its file name too (`plan.command.calibration_path`)."""
+    folder = gpufleet_home() / calib.FOLDER
+    folder.mkdir(mode=0o700, exist_ok=True)  # owner-only, as the state folder's own
+    return folder / calib.file_name(cluster)
 
 
 def _cluster(store: Store, name: str) -> tuple[Cluster, Placement]:
