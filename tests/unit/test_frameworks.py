@@ -13,6 +13,7 @@ import pytest
 import yaml
 from placements import JOB_DIR, PY, cpu_placement, ctx, gpu_placement
 
+from gpufleet.bootstrap import SITE_DIR
 from gpufleet.launch.frameworks import (
     ACCELERATE_PRECISION,
     ZERO_STAGE,
@@ -23,6 +24,7 @@ from gpufleet.launch.frameworks import (
     describe,
 )
 from gpufleet.launch.ray_train import _RankPrefix
+from gpufleet.launch.torchrun import worker_env
 from gpufleet.parallelism import Layout, resolve
 from gpufleet.pool.model import Placement
 from gpufleet.spec import JobSpec
@@ -355,6 +357,29 @@ def test_describe_shows_command_env_and_files(framework: str) -> None:
         assert content.rstrip("\n") in text
         for content_line in content.splitlines():
             assert content_line in lines
+
+
+def test_describe_shows_the_environment_the_workers_get() -> None:
+    """With the caller's environment, a dry run shows what `worker_env` (what the supervisor
+    starts the workers with) gives, where it differs from the caller's: the caller's own
+    PYTHONPATH entries after the bootstrap's, in that order; a tuning value the caller set kept."""
+    cmd = node("torchrun")
+    caller = {"PYTHONPATH": "/home/me/lib:/opt/shared", "OMP_NUM_THREADS": "4", "HOME": "/home/me",
+              "RANK": "3", "GPUFLEET_TOKEN": "secret", "CUDA_VISIBLE_DEVICES": "0"}
+    job_env = {"FOO": "two words"}
+    lines = describe([("local", cmd)], JOB_DIR, caller, job_env).splitlines()
+    shown = dict(shlex.split(line)[0].split("=", 1) for line in lines
+                 if line and not line.startswith("#") and line != cmd.shell())
+    env = worker_env(caller, cmd.env, job_env)
+    assert env["PYTHONPATH"] == f"{SITE_DIR}:/home/me/lib:/opt/shared"
+    assert shown["PYTHONPATH"] == env["PYTHONPATH"]
+    assert shown == {k: v for k, v in env.items() if caller.get(k) != v}
+    assert (shown["FOO"], shown["CUDA_VISIBLE_DEVICES"], env["OMP_NUM_THREADS"]) == ("two words", "", "4")
+    assert "OMP_NUM_THREADS" not in shown and "HOME" not in shown  # the workers inherit them
+    assert "# not passed on: GPUFLEET_TOKEN RANK" in lines
+    # what the caller has, less what is not passed on, plus what is shown: the whole of it
+    kept = {k: v for k, v in caller.items() if k not in ("GPUFLEET_TOKEN", "RANK")}
+    assert {**kept, **shown} == env
 
 
 def test_describe_generated_files_parse_back_from_the_text() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import yaml
 
 from gpufleet.bootstrap import SITE_DIR
 from gpufleet.launch.env import device_env
-from gpufleet.launch.torchrun import LOG_PREFIX_TEMPLATE, JobContext
+from gpufleet.launch.torchrun import LOG_PREFIX_TEMPLATE, JobContext, env_changes, worker_env
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Placement
 from gpufleet.spec import JobSpec
@@ -202,13 +203,27 @@ def build(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContext,
     raise ValueError(f"unknown framework {spec.framework}")
 
 
-def describe(commands: list[tuple[str, NodeCommand]], job_dir: Path) -> str:
-    """A plain-text dry run: per node, the command, gpufleet's environment and each file."""
+def describe(commands: list[tuple[str, NodeCommand]], job_dir: Path,
+             caller: Mapping[str, str] | None = None, user: dict[str, str] | None = None) -> str:
+    """A plain-text dry run: per node, the command, its environment and each file. With the
+    `caller`'s environment (a job on this host, whose supervisor starts from it) and the job's
+    own `user` variables, the environment is what the workers get (`torchrun.worker_env`, as
+    the supervisor builds it), shown where it differs from the caller's; else (another node's
+    agent starts it over that node's environment) what gpufleet adds."""
     lines: list[str] = []
     for node, cmd in commands:
         lines.append(f"# node {node}")
-        lines.append("# environment gpufleet adds (over the caller's own):")
-        lines.extend(f"{k}={shlex.quote(v)}" for k, v in sorted(cmd.env.items()))
+        if caller is None:
+            lines.append("# environment gpufleet adds (over the node's own):")
+            lines.extend(f"{k}={shlex.quote(v)}" for k, v in sorted(cmd.env.items()))
+        else:
+            changed, dropped = env_changes(caller, worker_env(caller, cmd.env, user or {}))
+            lines.append("# environment of the workers, where it differs from this shell's:")
+            lines.extend(f"{k}={shlex.quote(v)}" for k, v in sorted(changed.items()))
+            if dropped:
+                lines.append(f"# not passed on: {' '.join(dropped)}")
+            lines.append("# and, set by the supervisor at each start: the run's checkpoint "
+                         "folder, control file and report key")
         lines.append("# command:")
         lines.append(cmd.shell())
         for name, content in cmd.files.items():
