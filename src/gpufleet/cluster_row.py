@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpufleet.slot_words import network_shown
+
 SUMMARY_KEYS = ("name", "gpu", "count", "nodes", "network", "devices", "status", "price_book",
                 "usd_per_hour", "started_at", "stopped_at", "cost_usd", "job", "job_status")
 KEYS = (*SUMMARY_KEYS, "topology", "health", "placements", "pool", "simulated", "user",
@@ -126,7 +128,7 @@ def row(c: Rowed, placed: Placed, newest_job: tuple[str, str] | None, health: st
     pool, who owns it, and its age in seconds."""
     return {
         **summary(c, placed, newest_job, now),
-        "topology": c.network, "health": health,
+        "topology": network_shown(c.gpu, c.network), "health": health,
         "placements": {node: list(ids) for node, ids in placed.items()},
         "pool": c.pool or "local", "simulated": bool(c.simulated), "user": c.user,
         "for_job": c.for_job, "created_at": c.created_at, "age_s": now - c.created_at,

@@ -261,7 +261,9 @@ class ClusterSpec(_Spec):
         if self.count % nodes:
             problems.append(("nodes", f"{self.count} GPUs cannot be split evenly over {nodes} "
                              "nodes; a cluster has the same number of GPUs on every node"))
-        elif self.count // nodes > MAX_GPUS_PER_NODE:
+        elif self.count // nodes > MAX_GPUS_PER_NODE and (
+                self.gpu != "cpu" or capabilities(self.backend).multi_node):
+            # CPU slots on this host: as many as it offers (--cpu-slots), checked where known
             where = (f" (the {self.backend} backend has one node)"
                      if not capabilities(self.backend).multi_node else "")
             problems.append(("count", f"at most {MAX_GPUS_PER_NODE} GPUs per node: {self.count} "
@@ -450,7 +452,8 @@ class JobSpec(_Spec):
         data = {k: v for k, v in data.items() if v is not None}
         script = data.get("script")
         base = Path(str(data.get("workdir") or "."))
-        missing = ([("script", f"no such file: {script}")]
+        missing = ([("script", f"{script} is a directory, not a script" if (base / script).is_dir()
+                     else f"no such file: {script}")]
                    if isinstance(script, str) and script.strip() and not (base / script).is_file()
                    else [])
         try:

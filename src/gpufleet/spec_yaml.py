@@ -43,6 +43,25 @@ class _YamlLoader(yaml.SafeLoader):
 _YamlLoader.add_constructor("tag:yaml.org,2002:int", _YamlLoader.construct_yaml_int)
 
 
+def _at(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"  # PyYAML counts from 0
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, with where it is: `line 3, column 1: expected ',' or ']', but
+    got '<stream end>' (in a flow sequence that starts at line 2, column 8)`. Its own text spreads this
+    over several lines, the position on the last, with a copy of the line."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return " ".join(str(exc).split())
+    text = f"{_at(exc.problem_mark)}: {exc.problem}"
+    # the context is "while parsing a flow sequence" or "while scanning for the next token":
+    # worth saying when it names a construct that starts somewhere else
+    context = (exc.context or "").removeprefix("while parsing ").removeprefix("while scanning ")
+    if context.startswith(("a ", "an ")) and exc.context_mark is not None:
+        text += f" (in {context} that starts at {_at(exc.context_mark)})"
+    return text
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a job or cluster YAML file into a plain dict for `parse`."""
     p = Path(path)
@@ -57,7 +76,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except _Anchor:
         raise SpecError([("file", f"{p}: {ANCHORS_REFUSED}")]) from None
     except yaml.YAMLError as exc:
-        raise SpecError([("file", f"{p} is not valid YAML: {str(exc).splitlines()[0]}")]) from None
+        raise SpecError([("file", f"{p} is not valid YAML: {yaml_problem(exc)}")]) from None
     if not isinstance(data, dict):
         raise SpecError([("file", f"{p} must hold a mapping of fields")])
     return data

@@ -15,6 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from gpufleet import slot_words
 from gpufleet.lifecycle.status import JOB_ACTIVE, JobStatus
 
 if TYPE_CHECKING:
@@ -49,8 +50,10 @@ def quote_table(gpu: str, count: int, network: str, rates: list[cost.Rate],
                 book: str | None) -> Table:
     from gpufleet.plan import cost
 
-    t = Table(title=f"Quote: {count} x {gpu} over {network}", title_justify="left")
-    for col in ("price book", "instance", "$/GPU-hour", "network premium", "$/hour", ""):
+    t = Table(title=f"Quote: {slot_words.devices_shown(gpu, count)} over "
+              f"{slot_words.network_shown(gpu, network)}", title_justify="left")
+    for col in ("price book", "instance", f"$/{slot_words.unit(gpu)}-hour", "network premium",
+                "$/hour", ""):
         t.add_column(col, justify="right" if "$" in col or "premium" in col else "left")
     for r in rates:
         t.add_row(r.book, r.instance or "-", usd(r.gpu_usd_per_hour),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from fleet_helpers import Fleet
-from strategy_runs import DEEPSPEED, FOUR, FOUR_PLANNED, TWO, results
+from strategy_runs import DEEPSPEED, FOUR, FOUR_PLANNED, OWN_DEEPSPEED, TWO, results
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def make_fleet(tmp_path: Path) -> Iterator[Callable[[str, int], Fleet]]:
 @pytest.fixture(scope="session")
 def two_ranks() -> dict[str, dict[str, Any]]:
     """Every 2-rank layout of test_strategies.py and test_plan_measured.py, in one launch."""
-    return results(2, TWO + DEEPSPEED)
+    return results(2, TWO + DEEPSPEED + [OWN_DEEPSPEED])
 
 
 @pytest.fixture(scope="session")

@@ -70,5 +70,7 @@ FOUR = [
 ]
 DEEPSPEED = [{"strategy": s, "framework": "deepspeed"} for s in ("ddp", "zero1", "zero2", "zero3")] + [
     {"strategy": "zero2", "framework": "deepspeed", "precision": "bf16-mixed"}]
+# a script that calls deepspeed.initialize itself with the generated ds_config.json
+OWN_DEEPSPEED = {"strategy": "zero1", "framework": "deepspeed", "script_args": ["--batch-size", "4"]}
 # the planner's memory is checked for these on four ranks too (test_plan_measured.py)
 FOUR_PLANNED = [{"strategy": "ddp"}, {"strategy": "fsdp"}, {"strategy": "zero1"}]

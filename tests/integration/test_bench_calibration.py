@@ -12,7 +12,6 @@ bench/planner.py, in BENCHMARKS.md.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,20 +21,22 @@ GPT = str(EXAMPLES / "gpt.py")
 CONFIG = str(EXAMPLES / "gpt-config.json")
 
 
-def scaling(fleet: Fleet, out: Path, batch: int, steps: int) -> dict[str, Any]:
+def scaling(fleet: Fleet, batch: int, steps: int) -> dict[str, Any]:
     r = fleet.ok("bench", "scaling", "--cluster", "cal", "--script", GPT, "--workers", "1,2",
-                 "--config", CONFIG, "--out", str(out), "--json", "--",
+                 "--config", CONFIG, "--json", "--",
                  "--config", CONFIG, "--steps", str(steps), "--batch-size", str(batch),
                  "--checkpoint-every", "0", "--log-every", "10", timeout=300)
     return json.loads(r.stdout)
 
 
-def test_benches_calibrate_the_planner(fleet: Fleet, tmp_path: Path) -> None:
+def test_benches_calibrate_the_planner(fleet: Fleet) -> None:
     fleet.ok("launch", "--gpu", "cpu", "--count", "2", "--name", "cal", "-y")
-    cal = tmp_path / "cal.json"
+    # without --out: under the state folder, not the current one (it may be a checkout)
+    cal = fleet.home / "calibrations" / "calibration-cal.json"
 
     sweep = fleet.json("bench", "allreduce", "--cluster", "cal", "--sizes", "4K:4M", "--iters", "5",
-                       "--out", str(cal), "--json")
+                       "--json")
+    assert sweep["calibration"] == str(cal)
     ops = {row["op"] for row in sweep["rows"]}
     assert ops == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
     assert len(sweep["rows"]) == 4 * 6  # 4K, 16K, 64K, 256K, 1M, 4M: powers of 4
@@ -46,7 +47,8 @@ def test_benches_calibrate_the_planner(fleet: Fleet, tmp_path: Path) -> None:
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * factor)
         assert row["algbw_gbps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9)
 
-    calibrated = scaling(fleet, cal, batch=16, steps=30)
+    calibrated = scaling(fleet, batch=16, steps=30)
+    assert calibrated["calibration"] == str(cal)
     assert [row["workers"] for row in calibrated["rows"]] == [1, 2]
     assert calibrated["achieved_tflops"] > 0
     saved = json.loads(cal.read_text())
@@ -57,11 +59,14 @@ def test_benches_calibrate_the_planner(fleet: Fleet, tmp_path: Path) -> None:
            "--json")
     refused = fleet(*ask, "--micro-batch", "32")  # CPU workers have no catalog peak
     assert refused.returncode == 2 and "calibration:" in refused.stderr, refused.stderr
-    small = fleet.json(*ask, "--micro-batch", "16", "--calibration", str(cal))
+    # by its name, from any folder: the planner looks where the benches write
+    small = fleet.json(*ask, "--micro-batch", "16", "--calibration", cal.name)
     large = fleet.json(*ask, "--micro-batch", "32", "--calibration", str(cal))
     assert "compute" in large["rates"]["calibrated"]
+    assert "compute" in small["rates"]["calibrated"]
     # the same all-reduce per step over twice the compute: more samples per second, not double
     assert small["samples_per_s"] < large["samples_per_s"] < 2 * small["samples_per_s"]
+    assert list(fleet.cwd.iterdir()) == [], "the benches left files in the current folder"
 
 
 def test_bench_refuses_bad_requests_in_one_line(fleet: Fleet) -> None:

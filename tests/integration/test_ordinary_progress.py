@@ -3,8 +3,10 @@ worker bootstrap: a plain DDP script that never imports gpufleet, under the real
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -85,10 +87,11 @@ def test_the_users_sitecustomize_still_runs_and_the_switch_turns_the_bootstrap_o
     own.mkdir()
     marks = tmp_path / "marks"
     marks.mkdir()
-    (own / "sitecustomize.py").write_text(
-        "import os\n"
-        f"open(os.path.join({str(marks)!r}, str(os.getpid())), 'w').close()\n")
-    env = {"PYTHONPATH": str(own)}
+    (own / "sitecustomize.py").write_text(  # each process marks itself: its rank, PYTHONPATH
+        "import json, os\n"
+        f"with open(os.path.join({str(marks)!r}, str(os.getpid())), 'w') as f:\n"
+        "    json.dump([os.environ.get('RANK'), os.environ.get('PYTHONPATH')], f)\n")
+    env = {"PYTHONPATH": f"{own}:{tmp_path / 'second-entry'}"}
     r = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "chained", "-y", PLAIN, "--",
               "--max_steps", "6", timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -97,6 +100,18 @@ def test_the_users_sitecustomize_still_runs_and_the_switch_turns_the_bootstrap_o
     workers = len(list(marks.iterdir()))
     assert workers >= 3, "the user's sitecustomize ran in torchrun and both workers"
     assert "gpufleet bootstrap" not in r.stderr
+    # the dry run shows the PYTHONPATH the workers got: the bootstrap's folder, then the user's
+    # own entries in their order
+    got = [path for rank, path in (json.loads(m.read_text()) for m in marks.iterdir()) if rank]
+    assert len(got) == 2, got  # the two workers
+    dry = fleet("run", "--gpu", "cpu", "--count", "2", "--dry-run", PLAIN, "--", "--max_steps", "6",
+                env=env)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    [shown] = [shlex.split(line)[0].split("=", 1)[1] for line in dry.stdout.splitlines()
+               if line.startswith("PYTHONPATH=")]
+    assert set(got) == {shown}, (got, shown)
+    assert shown.split(":")[1:] == env["PYTHONPATH"].split(":")
+    marked = len(list(marks.iterdir()))  # the dry run's own command marked itself too
 
     r = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "bare", "--no-bootstrap", "-y",
               PLAIN, "--", "--max_steps", "6", timeout=120, env=env)
@@ -106,4 +121,4 @@ def test_the_users_sitecustomize_still_runs_and_the_switch_turns_the_bootstrap_o
     assert s["step"] is None and s["layout_seen"] is None  # nothing counted its steps
     assert s["loss"] is not None  # the log is still read
     assert s["layout"].endswith("torchrun (requested)"), s["layout"]  # nothing seen, no claim
-    assert len(list(marks.iterdir())) >= workers + 3  # the user's own still runs
+    assert len(list(marks.iterdir())) >= marked + 3  # the user's own still runs

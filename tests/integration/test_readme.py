@@ -114,3 +114,6 @@ def test_every_line_of_using_it_runs_in_order(tmp_path: Path) -> None:
         left = fleet.cleanup()
     assert not left, f"processes left behind by the README's commands: {left}"
     assert fleet.clusters() == [], "a cluster is still running after `stop --all`"
+    # run in a checkout, the block must not leave files in it: bench writes under the state folder
+    assert [p.name for p in fleet.cwd.iterdir()] == ["examples"], list(fleet.cwd.iterdir())
+    assert (fleet.home / "calibrations" / "calibration-dev.json").is_file()

@@ -12,6 +12,7 @@ run of the same seed and data as reference. Tolerances (stated in docs/strategie
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from strategy_runs import DEEPSPEED, FOUR, TWO, assert_losses, key, torchrun
+from strategy_runs import DEEPSPEED, FOUR, OWN_DEEPSPEED, TWO, assert_losses, key, torchrun
 
 # `two_ranks` and `four_ranks` (conftest.py): one launch each, shared with test_plan_measured.py
 
@@ -118,6 +119,17 @@ def test_deepspeed_zero_stages_match_one_process(two_ranks: dict[str, dict[str, 
         optimizer = _share(r, "optimizer")
         expected = 2.0 if cfg["strategy"] == "ddp" else 1.0  # stages 1-3 split Adam's state in two
         assert all(o == pytest.approx(expected, rel=0.02) for o in optimizer), r["layout"]
+
+
+def test_a_scripts_own_deepspeed_initialize_accepts_the_generated_config(
+        two_ranks: dict[str, dict[str, Any]]) -> None:
+    """A script calling `deepspeed.initialize(config=GPUFLEET_DEEPSPEED_CONFIG)` itself, not
+    through gpufleet.train: DeepSpeed's engine takes the file's batch sizes (its own check that
+    train_batch_size = micro x accumulation x data-parallel workers passed) and trains."""
+    r = two_ranks[key(OWN_DEEPSPEED)]
+    assert (r["micro"], r["accum"], r["train_batch"]) == (4, 1, 4 * 2)  # --batch-size 4, 2 ranks
+    assert len(r["losses"]) == 3 and all(math.isfinite(x) for x in r["losses"])
+    assert r["losses"][-1] != r["losses"][0], "training did not move"
 
 
 def test_deepspeed_checkpoint_resumes_under_deepspeed(tmp_path: Path) -> None:

@@ -13,16 +13,21 @@ import pytest
 import yaml
 from placements import JOB_DIR, PY, cpu_placement, ctx, gpu_placement
 
+from gpufleet.bootstrap import SITE_DIR
 from gpufleet.launch.frameworks import (
     ACCELERATE_PRECISION,
+    DEFAULT_MICRO_BATCH,
     ZERO_STAGE,
     NodeCommand,
     accelerate_config,
     build,
     deepspeed_config,
     describe,
+    micro_batch_in,
+    with_micro_batch,
 )
 from gpufleet.launch.ray_train import _RankPrefix
+from gpufleet.launch.torchrun import worker_env
 from gpufleet.parallelism import Layout, resolve
 from gpufleet.pool.model import Placement
 from gpufleet.spec import JobSpec
@@ -172,14 +177,52 @@ def test_deepspeed_precision_sections(precision: str, bf16: bool, fp16: bool) ->
         assert "fp16" not in config
 
 
+def ds_batches(config: dict[str, Any]) -> tuple[int, int, int]:
+    return (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"],
+            config["train_batch_size"])
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "fsdp"])
-def test_deepspeed_config_leaves_batch_sizes_to_prepare(strategy: str) -> None:
+def test_deepspeed_config_holds_batch_sizes_that_agree(strategy: str) -> None:
+    """DeepSpeed refuses a config without train_batch_size or train_micro_batch_size_per_gpu,
+    and one where train_batch_size != micro x accumulation x data-parallel workers."""
     for precision in ("fp32", "bf16-mixed", "fp16-mixed"):
-        config = deepspeed_config(layout(strategy, precision=precision))
-        text = json.dumps(config)
-        assert "batch" not in text, config
-        assert config["gradient_accumulation_steps"] == 1
-        json.loads(text)  # plain JSON types only
+        for world in (1, 2, 4):
+            config = deepspeed_config(layout(strategy, world, precision=precision))
+            assert ds_batches(config) == (DEFAULT_MICRO_BATCH, 1, DEFAULT_MICRO_BATCH * world)
+            assert json.loads(json.dumps(config)) == config  # plain JSON types only
+    assert ds_batches(deepspeed_config(layout(strategy, 4), micro_batch=6)) == (6, 1, 24)
+
+
+@pytest.mark.parametrize(("args", "micro"), [
+    (["--batch-size", "8"], 8),
+    (["--batch_size=12"], 12),
+    (["--per_device_train_batch_size", "3", "--lr", "1e-3"], 3),
+    (["--batch-size", "32", "--micro-batch-size", "4"], 4),  # the micro-batch wins over a batch
+    (["--micro_batch_size=4", "--batch-size", "32"], 4),
+    (["--train-micro-batch-size-per-gpu", "2"], 2),
+    (["--batch-size"], None), (["--batch-size", "0"], None), (["--batch-size", "big"], None),
+    (["--global-batch-size", "64"], None), (["batch_size", "8"], None), ([], None),
+])
+def test_micro_batch_read_from_the_scripts_arguments(args: list[str], micro: int | None) -> None:
+    assert micro_batch_in(args) == micro
+
+
+def test_deepspeed_file_takes_the_micro_batch_from_the_job() -> None:
+    cmd = node("deepspeed", cpu_placement(4), strategy="zero2", args=["--steps", "3", "--batch-size", "5"])
+    assert ds_batches(ds_json(cmd)) == (5, 1, 20)  # 5 per worker on 4 data-parallel workers
+    assert ds_batches(ds_json(node("deepspeed", cpu_placement(2), args=["--steps", "3"]))) == (
+        DEFAULT_MICRO_BATCH, 1, 2 * DEFAULT_MICRO_BATCH)  # the script does not say: the default
+    # fewer workers than devices: the data-parallel size is the workers'
+    one = node("deepspeed", cpu_placement(2), workers_per_node=1, args=["--batch-size", "5"])
+    assert ds_batches(ds_json(one)) == (5, 1, 5)
+
+
+def test_prepare_sets_the_loaders_batch_and_keeps_them_agreeing() -> None:
+    config = deepspeed_config(layout("zero1", 4), micro_batch=5)
+    again = with_micro_batch({**config, "gradient_accumulation_steps": 3}, 8, 4)
+    assert ds_batches(again) == (8, 3, 96)
+    assert again["zero_optimization"] == config["zero_optimization"]
 
 
 def test_deepspeed_file_is_the_config_of_the_layout() -> None:
@@ -355,6 +398,29 @@ def test_describe_shows_command_env_and_files(framework: str) -> None:
         assert content.rstrip("\n") in text
         for content_line in content.splitlines():
             assert content_line in lines
+
+
+def test_describe_shows_the_environment_the_workers_get() -> None:
+    """With the caller's environment, a dry run shows what `worker_env` (what the supervisor
+    starts the workers with) gives, where it differs from the caller's: the caller's own
+    PYTHONPATH entries after the bootstrap's, in that order; a tuning value the caller set kept."""
+    cmd = node("torchrun")
+    caller = {"PYTHONPATH": "/home/me/lib:/opt/shared", "OMP_NUM_THREADS": "4", "HOME": "/home/me",
+              "RANK": "3", "GPUFLEET_TOKEN": "secret", "CUDA_VISIBLE_DEVICES": "0"}
+    job_env = {"FOO": "two words"}
+    lines = describe([("local", cmd)], JOB_DIR, caller, job_env).splitlines()
+    shown = dict(shlex.split(line)[0].split("=", 1) for line in lines
+                 if line and not line.startswith("#") and line != cmd.shell())
+    env = worker_env(caller, cmd.env, job_env)
+    assert env["PYTHONPATH"] == f"{SITE_DIR}:/home/me/lib:/opt/shared"
+    assert shown["PYTHONPATH"] == env["PYTHONPATH"]
+    assert shown == {k: v for k, v in env.items() if caller.get(k) != v}
+    assert (shown["FOO"], shown["CUDA_VISIBLE_DEVICES"], env["OMP_NUM_THREADS"]) == ("two words", "", "4")
+    assert "OMP_NUM_THREADS" not in shown and "HOME" not in shown  # the workers inherit them
+    assert "# not passed on: GPUFLEET_TOKEN RANK" in lines
+    # what the caller has, less what is not passed on, plus what is shown: the whole of it
+    kept = {k: v for k, v in caller.items() if k not in ("GPUFLEET_TOKEN", "RANK")}
+    assert {**kept, **shown} == env
 
 
 def test_describe_generated_files_parse_back_from_the_text() -> None:

@@ -1,17 +1,20 @@
 """`bench --out`: refused before any run when it could not be written or would overwrite
-something that is not a calibration file."""
+something that is not a calibration file; without it, the file goes under the state folder,
+where `plan --calibration NAME` finds it."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from gpufleet.errors import SpecError
-from gpufleet.measure.command import check_out, save
+from gpufleet.measure.command import check_out, default_out, save
 from gpufleet.plan.calibration import Calibration, CollectivePoint
+from gpufleet.plan.command import calibration_path
 
 
 def test_a_folder_is_refused(tmp_path: Path) -> None:
@@ -51,3 +54,29 @@ def test_a_calibration_file_is_merged(tmp_path: Path) -> None:
     save(path, Calibration(gpu="cpu", network="pcie", achieved_tflops=0.1))
     data = json.loads(path.read_text())
     assert data["collectives"] and data["achieved_tflops"] == 0.1
+
+
+def test_without_out_a_bench_writes_under_the_state_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not the current folder (a checkout the README's own command would dirty)."""
+    monkeypatch.setenv("GPUFLEET_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    path = default_out("dev")
+    assert path == tmp_path / "home" / "calibrations" / "calibration-dev.json"
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    check_out(path)  # writable, before the run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+
+
+def test_plan_finds_a_saved_calibration_by_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home, here = tmp_path / "home", tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    saved = home / "calibrations" / "calibration-dev.json"
+    saved.parent.mkdir(parents=True)
+    saved.write_text("{}")
+    assert calibration_path("calibration-dev.json", home) == str(saved)
+    assert calibration_path("calibration-other.json", home) == "calibration-other.json"  # its own error
+    assert calibration_path("sub/calibration-dev.json", home) == "sub/calibration-dev.json"
+    (here / "calibration-dev.json").write_text("{}")
+    assert calibration_path("calibration-dev.json", home) == "calibration-dev.json"  # here first

@@ -82,11 +82,11 @@ def test_a_node_with_two_types_gives_two_rows() -> None:
         ("A100-80GB", 2, 2, []), ("H100-SXM", 2, 1, ["x"])]
 
 
-def test_cpu_slots_file_under_pcie() -> None:
+def test_cpu_slots_show_shared_memory_not_the_nodes_gpu_fabric() -> None:
     node = mk("local", tuple(Device(id=f"cpu{i}", index=i, gpu="cpu", memory_bytes=0) for i in range(4)),
               gpu_fabric="nvswitch")
     [row] = node_rows([node], {})
-    assert (row["gpu"], row["fabric"], row["memory_gb"]) == ("cpu", "pcie", 0.0)
+    assert (row["gpu"], row["fabric"], row["memory_gb"]) == ("cpu", "shared memory", 0.0)
 
 
 def test_a_node_without_devices_still_shows() -> None:

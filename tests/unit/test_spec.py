@@ -141,14 +141,24 @@ def test_count_above_128_refused() -> None:
 
 
 def test_more_than_eight_per_node_on_local_refused() -> None:
-    msg = only_problem({"gpu": "cpu", "count": 16}, "count")
+    msg = only_problem({"gpu": "H100", "count": 16}, "count")
     assert "at most 8 GPUs per node" in msg
     assert "--nodes 2" in msg  # ceil(16 / 8)
     assert "local backend has one node" in msg
 
 
+def test_cpu_slots_on_this_host_are_not_gpus_per_node() -> None:
+    """This host offers as many CPU slots as --cpu-slots says (up to 128): the spec cannot know
+    how many, so it leaves the count to the allocation, which says what the host offers."""
+    spec = ClusterSpec.parse({"gpu": "cpu", "count": 16})
+    assert (spec.node_count, spec.per_node) == (1, 16)
+    # a pool of CPU nodes (Ray) keeps the rule for each of its nodes
+    msg = only_problem({"gpu": "cpu", "count": 16, "nodes": 1, "backend": "ray"}, "count")
+    assert "at most 8 GPUs per node" in msg and "--nodes 2" in msg
+
+
 def test_nine_gpus_need_two_nodes() -> None:
-    assert "--nodes 2" in only_problem({"gpu": "cpu", "count": 9}, "count")  # ceil(9 / 8) == 2
+    assert "--nodes 2" in only_problem({"gpu": "A100", "count": 9}, "count")  # ceil(9 / 8) == 2
 
 
 def test_nodes_not_dividing_count_refused() -> None:
@@ -295,7 +305,7 @@ def test_several_cross_field_problems_reported_together() -> None:
 
 
 def test_field_and_cross_field_problems_reported_together() -> None:
-    assert fields_of({"gpu": "cpu", "count": 16, "name": "Bad"}) == {"name", "count"}
+    assert fields_of({"gpu": "H100", "count": 16, "name": "Bad"}) == {"name", "count"}
 
 
 # ---------------------------------------------------------------- JobSpec
@@ -381,7 +391,12 @@ def test_job_missing_script_file(tmp_path: Path) -> None:
 
 
 def test_job_script_that_is_a_folder_refused(tmp_path: Path) -> None:
-    assert "no such file" in only_problem({"script": str(tmp_path)}, "script", JobSpec)
+    msg = only_problem({"script": str(tmp_path)}, "script", JobSpec)
+    assert msg == f"{tmp_path} is a directory, not a script"
+    # relative to the job's own folder, as the script itself is
+    (tmp_path / "src").mkdir()
+    assert only_problem({"script": "src", "workdir": str(tmp_path)}, "script", JobSpec) == \
+        "src is a directory, not a script"
 
 
 def test_job_blank_script_refused() -> None:
@@ -413,15 +428,21 @@ def test_load_yaml_missing_file(tmp_path: Path) -> None:
     assert info.value.problems == [("file", f"no such file: {p}")]
 
 
-def test_load_yaml_invalid_yaml(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("text", "said"), [
+    # the flow sequence opened on line 1 runs into line 2's mapping
+    ("gpu: [h100\ncount: 8\n", "line 2, column 6: expected ',' or ']', but got ':' "
+     "(in a flow sequence that starts at line 1, column 6)"),
+    ("gpu: cpu\n  count: 1\n", "line 2, column 8: mapping values are not allowed here"),
+    ("gpu: cpu\nname: 'dev\n", "line 3, column 1: found unexpected end of stream "
+     "(in a quoted scalar that starts at line 2, column 7)"),
+    ("gpu: cpu\n\tcount: 1\n", "line 2, column 1: found character '\\t' that cannot start any token"),
+])
+def test_load_yaml_invalid_yaml_says_where(tmp_path: Path, text: str, said: str) -> None:
     p = tmp_path / "bad.yaml"
-    p.write_text("gpu: [h100\ncount: 8\n")
+    p.write_text(text)
     with pytest.raises(SpecError) as info:
         load_yaml(p)
-    [(field, msg)] = info.value.problems
-    assert field == "file"
-    assert "is not valid YAML" in msg
-    assert "\n" not in msg  # only the first line of the parser's message
+    assert info.value.problems == [("file", f"{p} is not valid YAML: {said}")]
 
 
 @pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n", ""])

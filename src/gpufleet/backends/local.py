@@ -24,6 +24,7 @@ from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
 from gpufleet.errors import SpecError
 from gpufleet.launch import frameworks
 from gpufleet.pool.model import Device, Node
+from gpufleet.slot_words import MAX_SLOTS
 
 NODE_ID = "local"
 ADDRESS = "127.0.0.1"
@@ -36,13 +37,13 @@ def cpu_slot_count(cpu_slots: int | None = None) -> int:
     elif os.environ.get("GPUFLEET_CPU_SLOTS"):
         value = os.environ["GPUFLEET_CPU_SLOTS"]
     else:
-        return max(1, min(os.cpu_count() or 1, 128))
+        return max(1, min(os.cpu_count() or 1, MAX_SLOTS))
     try:
         n = int(value)
     except ValueError:
         raise SpecError([("GPUFLEET_CPU_SLOTS", f"'{value}' is not a whole number")]) from None
-    if not 1 <= n <= 128:
-        raise SpecError([("cpu_slots", f"got {n}; must be 1 to 128")])
+    if not 1 <= n <= MAX_SLOTS:
+        raise SpecError([("cpu_slots", f"got {n}; must be 1 to {MAX_SLOTS}")])
     return n
 
 

@@ -67,7 +67,7 @@ def remote() -> Client | None:
 
 def approve_quote(yes: bool, quiet: bool = False) -> Approve:
     """Show a launch's quote on stderr (unless `quiet`) and ask to go ahead."""
-    from gpufleet import ui
+    from gpufleet import slot_words, ui
     from gpufleet.lifecycle.provision import Offer
 
     def approve(offer: Offer) -> None:
@@ -77,7 +77,8 @@ def approve_quote(yes: bool, quiet: bool = False) -> Approve:
             if q.simulated:
                 err.print(f"Simulated devices (pool {offer.pool or 'local'}): not billed; "
                           "the quote is what real ones would cost.")
-        confirm(f"Launch {spec.count} x {spec.gpu} at {ui.usd(q.usd_per_hour)}/hour?", yes)
+        confirm(f"Launch {slot_words.devices_shown(spec.gpu, spec.count)} at "
+                f"{ui.usd(q.usd_per_hour)}/hour?", yes)
 
     return approve
 

@@ -39,9 +39,10 @@ def show_prices(gpu: str | None, as_json: bool) -> None:
                   f"{g.mem_bw_gbps:g}" if g.mem_bw_gbps else "-",
                   *(f"{p.usd_per_gpu_hour:.4g}" if p else "-" for p in books.values()))
     premiums = [p for p in catalog.prices() if p.kind == "interconnect"]
-    t.caption = "Network premiums per GPU-hour: " + ", ".join(
-        f"{p.item} +${p.usd_per_gpu_hour:.2f} ({p.book})" for p in premiums
-    ) + ". Sources: gpufleet/catalog/data/*.csv"
+    t.caption = "cpu: per CPU slot-hour (one worker on this host's cores). " \
+        "Network premiums per GPU-hour: " + ", ".join(
+            f"{p.item} +${p.usd_per_gpu_hour:.2f} ({p.book})" for p in premiums
+        ) + ". Sources: gpufleet/catalog/data/*.csv"
     out.print(t)
 
 

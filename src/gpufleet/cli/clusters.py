@@ -60,6 +60,7 @@ def launch(
     with Slurm's pending reason shown, and one it can never satisfy is refused at once."""
     from gpufleet.lifecycle import clusters
     from gpufleet.lifecycle.provision import provision, with_pool
+    from gpufleet.slot_words import devices_shown, network_shown
     from gpufleet.spec import ClusterSpec, load_yaml
     from gpufleet.views import cluster_rows, pool_nodes
 
@@ -86,8 +87,9 @@ def launch(
     where = "; ".join(f"{p.node_id}: {','.join(d.id for d in p.devices)}"
                       for p in clusters.placements(st, cluster))
     sim = " (simulated, not billed)" if cluster.simulated else ""
-    out.print(f"Cluster [bold]{cluster.name}[/]: {cluster.count} x {cluster.gpu}{sim} on "
-              f"{cluster.nodes} node(s) ({where}) over {cluster.network}. "
+    out.print(f"Cluster [bold]{cluster.name}[/]: {devices_shown(cluster.gpu, cluster.count)}{sim} "
+              f"on {cluster.nodes} node(s) ({where}) over "
+              f"{network_shown(cluster.gpu, cluster.network)}. "
               f"Run a job: gpufleet run --cluster {cluster.name} SCRIPT")
 
 

@@ -38,6 +38,16 @@ class FleetCommand(TyperCommand):
         return params
 
 
+def _raise_one_line(exc: Exception) -> None:
+    """Raise a usage error again as gpufleet's one-line error; return on anything else, and on
+    a bare group's help (`NoArgsIsHelpError`), for the caller to re-raise as it was."""
+    from gpufleet.cli.usage import clickx, usage_error
+
+    if isinstance(exc, clickx.UsageError) and not isinstance(
+            exc, getattr(clickx, "NoArgsIsHelpError", ())):  # click >= 8.2 has it
+        raise usage_error(exc) from None
+
+
 def with_panels(panels: dict[str, str]) -> type[FleetCommand]:
     """A FleetCommand class that shows the options named in `panels` under those panels."""
     return type("PanelledCommand", (FleetCommand,), {"panels": panels})
@@ -49,10 +59,37 @@ def _summary(text: str | None) -> str:
 
 
 class FleetGroup(TyperGroup):
-    """A group (the app, `pool`, `bench`) whose help is drawn without typer's Rich module."""
+    """A group (the app, `pool`, `bench`) whose help is drawn without typer's Rich module, and
+    whose command-line mistakes, and those of its commands, are one `error:` line (`usage`)."""
 
     def get_params(self, ctx: Any) -> list[Any]:  # ctx: typer's click Context
         return quick(super().get_params(ctx))
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None,
+                     **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except Exception as exc:
+            _raise_one_line(exc)
+            raise
+
+    def invoke(self, ctx: Any) -> Any:
+        """Runs the command the arguments name; its own parse errors surface here."""
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            _raise_one_line(exc)
+            raise
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            from gpufleet.cli.usage import no_such_command
+
+            shown = [n for n in self.list_commands(ctx)
+                     if (c := self.get_command(ctx, n)) is not None and not c.hidden]
+            raise no_such_command(ctx, name, shown)
+        return super().resolve_command(ctx, args)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from rich import box

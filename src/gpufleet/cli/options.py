@@ -84,7 +84,7 @@ BootstrapOpt = Annotated[bool, typer.Option(
 Params = Annotated[float | None, typer.Option("--params", help="A bare parameter count, e.g. 7e9.")]
 ModelConfig = Annotated[str | None, typer.Option("--config", help="A Hugging Face config.json.")]
 CalibrationOut = Annotated[Path | None, typer.Option(
-    "--out", help="Calibration file." + default("calibration-CLUSTER.json"))]
+    "--out", help="Calibration file." + default("$GPUFLEET_HOME/calibrations/calibration-CLUSTER.json"))]
 
 # -- pools ---------------------------------------------------------------------------------------
 NoDefault = Annotated[bool, typer.Option("--no-default", help="Keep the current default pool.")]

@@ -77,8 +77,9 @@ def print_dry_run(dry: DryRun) -> None:
         commands = [(p.node_id, frameworks.build(spec, dry.layout, p, ctx)) for p in placements]
     out.print(f"# dry run: job {spec.name}, {spec.framework}, {dry.layout.describe}", markup=False,
               highlight=False, emoji=False)
-    out.print(frameworks.describe(commands, job_dir), markup=False, highlight=False, soft_wrap=True,
-              emoji=False)
+    caller = dict(os.environ) if dry.this_host else None  # a run here starts from this shell's
+    out.print(frameworks.describe(commands, job_dir, caller, spec.env), markup=False,
+              highlight=False, soft_wrap=True, emoji=False)
     if dry.engine_lines:  # Slurm: the allocation and the step that runs each node's command
         out.print("# Slurm: the allocation, then one step per node (each runs its node's "
                   "command above)\n" + "\n".join(dry.engine_lines), markup=False,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import yaml
 
 from gpufleet.bootstrap import SITE_DIR
 from gpufleet.launch.env import device_env
-from gpufleet.launch.torchrun import LOG_PREFIX_TEMPLATE, JobContext
+from gpufleet.launch.torchrun import LOG_PREFIX_TEMPLATE, JobContext, env_changes, worker_env
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Placement
 from gpufleet.spec import JobSpec
@@ -64,9 +65,41 @@ class NodeCommand:
         return shlex.join(self.argv)
 
 
-def deepspeed_config(layout: Layout) -> dict[str, Any]:
-    """The DeepSpeed JSON for a layout. Batch sizes are left out: `prepare` fills
-    `train_micro_batch_size_per_gpu` from the script's DataLoader, which only it can see."""
+# A script's own argument for its batch per worker, in the spellings scripts use (argparse's,
+# Megatron's, Hugging Face's TrainingArguments); the first of these found is the micro-batch.
+MICRO_BATCH_ARGS = ("micro_batch_size", "train_micro_batch_size_per_gpu",
+                    "per_device_train_batch_size", "batch_size")
+DEFAULT_MICRO_BATCH = 1  # when the script's arguments do not say; DeepSpeed needs a number
+
+
+def micro_batch_in(args: list[str]) -> int | None:
+    """The samples per worker per step the script's arguments give (`--batch-size 8`,
+    `--micro_batch_size=4`; dashes and underscores alike), or None."""
+    given: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        name, eq, value = arg.removeprefix("--").partition("=")
+        if arg.startswith("--") and name.replace("-", "_") in MICRO_BATCH_ARGS:
+            given.setdefault(name.replace("-", "_"),
+                             value if eq else (args[i + 1] if i + 1 < len(args) else ""))
+    for name in MICRO_BATCH_ARGS:
+        if given.get(name, "").isdigit() and int(given[name]) > 0:
+            return int(given[name])
+    return None
+
+
+def with_micro_batch(config: dict[str, Any], micro: int, dp: int) -> dict[str, Any]:
+    """`config` with DeepSpeed's three batch numbers agreeing for `micro` samples per worker:
+    train_batch_size = micro x gradient_accumulation_steps x data-parallel size, which
+    `DeepSpeedConfig` asserts (runtime/config.py, `_batch_assertion`) before any step."""
+    accum = int(config.get("gradient_accumulation_steps", 1))
+    return {**config, "train_micro_batch_size_per_gpu": micro, "train_batch_size": micro * accum * dp}
+
+
+def deepspeed_config(layout: Layout, micro_batch: int = DEFAULT_MICRO_BATCH) -> dict[str, Any]:
+    """The DeepSpeed JSON for a layout, complete, so a script's own `deepspeed.initialize(
+    config=...)` accepts it: the micro-batch from the script's arguments (`micro_batch_in`) or
+    DEFAULT_MICRO_BATCH, and the global batch it makes over the layout's data-parallel workers.
+    `gpufleet.train.prepare` sets both again from the DataLoader it is given."""
     config: dict[str, Any] = {
         "zero_optimization": {"stage": ZERO_STAGE[layout.data_parallel]},
         "gradient_accumulation_steps": 1,
@@ -80,7 +113,7 @@ def deepspeed_config(layout: Layout) -> dict[str, Any]:
         config["bf16"] = {"enabled": True}
     elif layout.precision == "fp16-mixed":
         config["fp16"] = {"enabled": True, "initial_scale_power": 16}
-    return config
+    return with_micro_batch(config, micro_batch, layout.dp)
 
 
 def accelerate_config(layout: Layout, placement: Placement, nodes: int, rank: int,
@@ -174,7 +207,8 @@ def build(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContext,
     if spec.framework == "deepspeed":
         path = ctx.job_dir / "ds_config.json"
         env["GPUFLEET_DEEPSPEED_CONFIG"] = str(path)
-        config_text = json.dumps(deepspeed_config(layout), indent=2) + "\n"
+        micro = micro_batch_in(spec.args) or DEFAULT_MICRO_BATCH
+        config_text = json.dumps(deepspeed_config(layout, micro), indent=2) + "\n"
         return NodeCommand(_torchrun_argv(spec, ctx, workers, rdzv), env,
                            {path.name: config_text})
     if spec.framework == "accelerate":
@@ -202,13 +236,27 @@ def build(spec: JobSpec, layout: Layout, placement: Placement, ctx: JobContext,
     raise ValueError(f"unknown framework {spec.framework}")
 
 
-def describe(commands: list[tuple[str, NodeCommand]], job_dir: Path) -> str:
-    """A plain-text dry run: per node, the command, gpufleet's environment and each file."""
+def describe(commands: list[tuple[str, NodeCommand]], job_dir: Path,
+             caller: Mapping[str, str] | None = None, user: dict[str, str] | None = None) -> str:
+    """A plain-text dry run: per node, the command, its environment and each file. With the
+    `caller`'s environment (a job on this host, whose supervisor starts from it) and the job's
+    own `user` variables, the environment is what the workers get (`torchrun.worker_env`, as
+    the supervisor builds it), shown where it differs from the caller's; else (another node's
+    agent starts it over that node's environment) what gpufleet adds."""
     lines: list[str] = []
     for node, cmd in commands:
         lines.append(f"# node {node}")
-        lines.append("# environment gpufleet adds (over the caller's own):")
-        lines.extend(f"{k}={shlex.quote(v)}" for k, v in sorted(cmd.env.items()))
+        if caller is None:
+            lines.append("# environment gpufleet adds (over the node's own):")
+            lines.extend(f"{k}={shlex.quote(v)}" for k, v in sorted(cmd.env.items()))
+        else:
+            changed, dropped = env_changes(caller, worker_env(caller, cmd.env, user or {}))
+            lines.append("# environment of the workers, where it differs from this shell's:")
+            lines.extend(f"{k}={shlex.quote(v)}" for k, v in sorted(changed.items()))
+            if dropped:
+                lines.append(f"# not passed on: {' '.join(dropped)}")
+            lines.append("# and, set by the supervisor at each start: the run's checkpoint "
+                         "folder, control file and report key")
         lines.append("# command:")
         lines.append(cmd.shell())
         for name, content in cmd.files.items():

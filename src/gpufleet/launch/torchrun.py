@@ -7,6 +7,7 @@ argument cannot inject a command.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,8 @@ _RANK_IDENTITY = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
                   "GPUFLEET_BOOTSTRAP_PID"}
 _FORCED = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED",
            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"}
+# the server's database URL (its password) and a CLI's server and token: not the workers' business
+NOT_FOR_WORKERS = ("GPUFLEET_DB", "GPUFLEET_SERVER", "GPUFLEET_TOKEN")
 
 
 @dataclass(frozen=True)
@@ -49,3 +52,17 @@ def merge_env(base: dict[str, str], gpufleet: dict[str, str], user: dict[str, st
         rest = user.get("PYTHONPATH", base.get("PYTHONPATH", ""))
         merged["PYTHONPATH"] = ":".join(p for p in (gpufleet["PYTHONPATH"], rest) if p)
     return merged
+
+
+def worker_env(caller: Mapping[str, str], gpufleet: dict[str, str],
+               user: dict[str, str]) -> dict[str, str]:
+    """The whole environment a job's worker group starts with, from the environment of the
+    process that starts it (`caller`): what the supervisor passes to the backend's `start`,
+    and what `run --dry-run` shows, so the two cannot differ."""
+    return merge_env({k: v for k, v in caller.items() if k not in NOT_FOR_WORKERS}, gpufleet, user)
+
+
+def env_changes(caller: Mapping[str, str], env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """What `env` sets that `caller` does not already have as is, and the names it leaves out."""
+    return ({k: v for k, v in env.items() if caller.get(k) != v},
+            sorted(k for k in caller if k not in env))

@@ -17,6 +17,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpufleet import slot_words
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
 from gpufleet.lifecycle import engine_alloc, job_runs, owners, pool_index
@@ -114,6 +115,9 @@ def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node],
         raise ConflictError(f"name: a cluster named '{name}' already exists; pick another "
                             f"name or stop it first (gpufleet stop {name})")
     if capabilities(spec.backend).this_host:
+        offered = sum(1 for n in nodes for d in n.devices if d.gpu == spec.gpu)
+        if slot_words.is_slots(spec.gpu) and spec.count > offered:  # more than it ever could
+            raise SpecError([("count", slot_words.beyond_host(spec.count, offered))])
         return allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, held(s))
     if capabilities(spec.backend).allocates:  # the engine decides: `nodes` is what it granted
         return allocate(spec.gpu, spec.count, spec.node_count, spec.network, nodes, {}, {},

@@ -19,6 +19,7 @@ from gpufleet.backends.registry import open_backend
 from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
 from gpufleet.lifecycle import clusters
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE
+from gpufleet.slot_words import network_shown
 from gpufleet.spec import check_name
 from gpufleet.store import Cluster, Pool, Store, gpufleet_home
 
@@ -178,7 +179,7 @@ def node_rows(nodes: list[Any], held: dict[tuple[str, str], str],
                 "node": n.id, "address": n.address, "gpu": gpu, "count": len(devs),
                 "free": free if n.healthy else 0,
                 "memory_gb": round(max((d.memory_bytes for d in devs), default=0) / 1e9, 1),
-                "fabric": n.fabric_for(gpu), "network": n.inter_fabric or "-",
+                "fabric": network_shown(gpu, n.fabric_for(gpu)), "network": n.inter_fabric or "-",
                 "health": "ok" if n.healthy and all(d.healthy for d in devs) else
                 ("lost" if not n.healthy else "unhealthy devices"),
                 "simulated": any(d.simulated for d in devs), "held_by": holders,

@@ -37,6 +37,7 @@ class DryRun:
     cluster: str
     fabric: str
     engine_lines: tuple[str, ...] = ()  # an allocating engine's own commands (sbatch, srun)
+    this_host: bool = True  # its supervisor starts the workers from the caller's environment
 
 
 def check_pool_job(spec: JobSpec, kind: str | None, nodes: int) -> None:
@@ -145,7 +146,8 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
         if dry_run:
             placements, fabric = allocation(store, cspec, cpu_slots)
             return DryRun(spec, layout, placements, cspec.name or "", fabric,
-                          engine_lines(store, spec, cspec, None, placements))
+                          engine_lines(store, spec, cspec, None, placements),
+                          capabilities(cspec.backend).this_host)
         cluster = provision(store, cspec, approve, cpu_slots, for_job=spec.name,
                             user=owner[0] if owner else None)
         try:
@@ -168,7 +170,8 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
         if dry_run:
             found = clusters.placements(store, cluster)
             return DryRun(spec, layout, found, cluster.name, cluster.network,
-                          engine_lines(store, spec, None, cluster, found))
+                          engine_lines(store, spec, None, cluster, found),
+                          capabilities(cluster.backend).this_host)
     world = first_world(spec, cluster.count, cluster.name, cluster.nodes)
     try:
         job = jobs.create(store, spec, cluster, world, owner)

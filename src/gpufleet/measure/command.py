@@ -32,13 +32,19 @@ from gpufleet.plan import calibration as calib
 from gpufleet.plan import compute, cost
 from gpufleet.plan.models import Model
 from gpufleet.pool.model import Placement
-from gpufleet.store import Cluster, Store
+from gpufleet.slot_words import network_shown
+from gpufleet.store import Cluster, Store, gpufleet_home
 
 TIMEOUT_S = 600.0
 
 
 def default_out(cluster: str) -> Path:
-    return Path(f"calibration-{cluster}.json")
+    """Where a bench writes without --out: under the state folder, not the current one (a
+    checkout, a shared folder), which a bench must not leave files in. `plan --calibration`
+    finds it there by its file name too (`plan.command.calibration_path`)."""
+    folder = gpufleet_home() / calib.FOLDER
+    folder.mkdir(mode=0o700, exist_ok=True)  # owner-only, as the state folder's own
+    return folder / calib.file_name(cluster)
 
 
 def _cluster(store: Store, name: str) -> tuple[Cluster, Placement]:
@@ -151,7 +157,7 @@ def allreduce(name: str, sizes: tuple[int, ...] | None, iters: int, out: Path | 
                                                "algbw_gbps": r.algbw_gbps, "busbw_gbps": r.busbw_gbps}
                                               for r in rows]}, indent=2) + "\n")
         return
-    render_collectives(rows, workers, c.network, peak, on_cpu, console)
+    render_collectives(rows, workers, network_shown(c.gpu, c.network), peak, on_cpu, console)
     console.print(f"Calibration saved to {path}; use it: gpufleet plan ... --calibration {path}")
 
 
@@ -215,7 +221,9 @@ def scaling(name: str, script: str, workers: list[int], script_args: list[str], 
     if too_many:
         problems.append(("workers", f"{', '.join(map(str, too_many))} exceed the {have} devices of "
                          f"'{name}'; allowed: 1 to {have}"))
-    if not Path(script).is_file():
+    if Path(script).is_dir():
+        problems.append(("script", f"{script} is a directory, not a script"))
+    elif not Path(script).is_file():
         problems.append(("script", f"{script}: no such file"))
     if model is not None and 1 not in workers:
         problems.append(("workers", "include 1 to calibrate the compute rate: a 1-worker run has "
@@ -270,7 +278,8 @@ def scaling(name: str, script: str, workers: list[int], script_args: list[str], 
         sys.stdout.write(json.dumps({"cluster": c.name, "script": saved.scaling_script, "rows": rows,
                                      "achieved_tflops": achieved, "calibration": str(path)}, indent=2) + "\n")
         return
-    t = Table(title=f"{script} on {c.name} ({c.gpu}, {c.network}, {book or 'no'} prices)",
+    t = Table(title=f"{script} on {c.name} ({c.gpu}, {network_shown(c.gpu, c.network)}, "
+              f"{book or 'no'} prices)",
               title_justify="left")
     for col in ("workers", "samples/s", "speedup", "scaling efficiency", "$ per 1,000 samples"):
         t.add_column(col, justify="right")

@@ -15,6 +15,12 @@ from gpufleet.errors import SpecError
 KIND = "gpufleet-calibration"
 VERSION = 1
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+FOLDER = "calibrations"  # under $GPUFLEET_HOME: where `gpufleet bench` writes without --out
+
+
+def file_name(cluster: str) -> str:
+    """The file a bench of `cluster` writes into FOLDER, and `plan --calibration` finds by name."""
+    return f"calibration-{cluster}.json"
 
 
 @dataclass(frozen=True)

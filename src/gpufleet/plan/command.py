@@ -47,8 +47,24 @@ def load_model(spec: PlanSpec) -> Model:
     return models.from_hf_config(data, spec.config)
 
 
+def calibration_path(given: str, home: Path) -> str:
+    """`--calibration` as a path; a bare file name that is not in the current folder is looked
+    up where `gpufleet bench` writes (`home`/calibrations), so `--calibration
+    calibration-dev.json` finds what `bench allreduce --cluster dev` saved, from any folder."""
+    path = Path(given)
+    if path.exists() or path.parent != Path("."):
+        return given
+    saved = home / calib.FOLDER / path.name
+    return str(saved) if saved.exists() else given
+
+
 def load_calibration(path: str | None) -> calib.Calibration | None:
-    return None if path is None else calib.from_dict(read_json(path, "calibration"), path)
+    if path is None:
+        return None
+    from gpufleet.home import home_path
+
+    found = calibration_path(path, home_path())
+    return calib.from_dict(read_json(found, "calibration"), found)
 
 
 def workload_of(spec: PlanSpec, model: Model) -> Workload:

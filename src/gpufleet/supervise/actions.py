@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 from gpufleet.backends.base import RunRequest
 from gpufleet.errors import AllocationError, GpufleetError
-from gpufleet.launch.torchrun import JobContext, merge_env
+from gpufleet.launch.torchrun import JobContext, worker_env
 from gpufleet.lifecycle import clusters, engine_alloc, jobs, leftovers
 from gpufleet.reportauth import KEY_ENV
 from gpufleet.spec import ClusterSpec
@@ -100,11 +100,7 @@ class Effects:
             engine_ref=sup.cluster.engine_ref or ""))
         # who started the run: `reconcile` ends only this supervisor's leftovers, not a resumed run
         mine = leftovers.identity_env(sup.job.name, sup.job.job_dir, os.getpid())
-        # the server's database URL (its password) and a CLI's server token are not the
-        # workers' business
-        base = {k: v for k, v in os.environ.items()
-                if k not in ("GPUFLEET_DB", "GPUFLEET_SERVER", "GPUFLEET_TOKEN")}
-        env = merge_env(base, {**prepared.env, **survive, **mine}, spec.env)
+        env = worker_env(os.environ, {**prepared.env, **survive, **mine}, spec.env)
         env[KEY_ENV] = sup.report_key  # after the user's env, and not in command.json
         for file_name, content in prepared.files.items():  # framework configs, a plan
             (job_dir / file_name).write_text(content)

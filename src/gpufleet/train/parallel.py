@@ -171,12 +171,12 @@ def _deepspeed(model: nn.Module, optimizer: Any, loader: DataLoader[Any] | None,
         # inference; training reduces through gloo anyway. Without it, nothing is compiled.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
-    from gpufleet.launch.frameworks import deepspeed_config
+    from gpufleet.launch.frameworks import deepspeed_config, with_micro_batch
 
     path = os.environ.get("GPUFLEET_DEEPSPEED_CONFIG")
     config = json.loads(Path(path).read_text()) if path else deepspeed_config(layout)
-    config.setdefault("train_micro_batch_size_per_gpu",
-                      (loader.batch_size if loader is not None else None) or 1)
+    if loader is not None and loader.batch_size:  # what each worker really takes per step
+        config = with_micro_batch(config, loader.batch_size, layout.dp)
     engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                       config=config)
     rec = Prepared(layout=layout, model=engine, optimizer=ds_optimizer, loss_fn=loss_fn,

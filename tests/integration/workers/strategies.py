@@ -4,14 +4,19 @@ Argument: a JSON list of layouts, each {"strategy", "dp"?, "tp"?, "pp"?, "precis
 "schedule"?, "microbatches"?}. For each, every rank prints nothing; rank 0 prints one JSON line
 with the distributed losses, the losses of the same training in one process (fp32 unless the
 layout asks for mixed precision, in which case both), and every rank's model-state bytes.
+A layout with "script_args" (framework deepspeed) is trained instead as a script that calls
+`deepspeed.initialize(config=...)` itself, with the ds_config.json gpufleet writes for a job
+given those arguments; its line holds the engine's batch sizes and the losses.
 Run under torchrun; the test compares the numbers.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +101,45 @@ def reference(dp: int, precision: str) -> list[float]:
     return losses
 
 
+def own_deepspeed(layout: Any, script_args: list[str]) -> dict[str, Any]:
+    """What a script gets from its own `deepspeed.initialize(config=PATH)` with the file
+    `launch.frameworks.build` writes for a DeepSpeed job whose script takes `script_args`."""
+    import deepspeed
+
+    from gpufleet.launch.frameworks import build
+    from gpufleet.launch.torchrun import JobContext
+    from gpufleet.pool.model import Device, Placement
+    from gpufleet.spec import JobSpec
+
+    # gpufleet.train.prepare does the same: otherwise DeepSpeed compiles a CPU all-reduce op
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    world = dist.get_world_size()
+    job_dir = Path(tempfile.mkdtemp(prefix="own-ds-"))
+    spec = JobSpec(script="train.py", args=script_args, framework="deepspeed", strategy=layout.strategy)
+    slots = tuple(Device(id=f"cpu{i}", index=i, gpu="cpu", memory_bytes=0) for i in range(world))
+    ctx = JobContext(job_name="own-ds", cluster_name="c", job_dir=job_dir, report_addr="127.0.0.1:9",
+                     fabric="pcie", python=sys.executable, host_cpus=1)
+    cmd = build(spec, layout, Placement("local", "127.0.0.1", slots), ctx)
+    path = job_dir / "ds_config.json"
+    path.write_text(cmd.files[path.name])
+    model, optim = fresh()
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optim, config=str(path))
+    micro = engine.train_micro_batch_size_per_gpu()
+    ds = dataset()
+    loader = DataLoader(ds, batch_size=micro, drop_last=True,
+                        sampler=DistributedSampler(ds, shuffle=True, seed=SEED, drop_last=True))
+    losses = []
+    for x, y in itertools.islice(loader, STEPS):
+        loss = gpt.loss_fn(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        avg = loss.detach().clone()
+        dist.all_reduce(avg)
+        losses.append(avg.item() / world)
+    return {"micro": micro, "accum": engine.gradient_accumulation_steps(),
+            "train_batch": engine.train_batch_size(), "losses": losses}
+
+
 def main() -> None:
     ctx = train.setup(verify=False)
     configs = json.loads(sys.argv[1])
@@ -104,6 +148,12 @@ def main() -> None:
                          pp=cfg.get("pp"), precision=cfg.get("precision", "fp32"),
                          schedule=cfg.get("schedule", "1f1b"), microbatches=cfg.get("microbatches"),
                          framework=cfg.get("framework", "torchrun"))
+        if "script_args" in cfg:
+            own = own_deepspeed(layout, cfg["script_args"])
+            if ctx.is_main:
+                print("RESULT " + json.dumps({"config": cfg, **own}), flush=True)
+            dist.barrier()
+            continue
         losses, state = run(layout)
         states: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(states, state)
