@@ -17,6 +17,7 @@ from rich.text import Text
 
 from gpufleet import slot_words
 from gpufleet.lifecycle.status import JOB_ACTIVE, JobStatus
+from gpufleet.slot_words import devices_shown
 
 if TYPE_CHECKING:
     from gpufleet.plan import cost
@@ -83,7 +84,7 @@ def job_panel(v: JobView) -> Panel:
     grid.add_row(line)
     if v.no_report_s is not None:  # the hang timeout may still be minutes away
         grid.add_row(Text(quiet_text(v.no_report_s), style="bold yellow"))
-    title = f"{v.job} on {v.cluster} ({v.world_size} x {v.gpu}) - {v.status}"
+    title = f"{v.job} on {v.cluster} ({devices_shown(v.gpu, v.world_size)}) - {v.status}"
     return Panel(grid, title=title, title_align="left")
 
 
@@ -119,7 +120,7 @@ def summary_table(v: JobView) -> Table:
     if v.first_loss is not None and v.loss is not None:
         loss = f"{v.loss:.3f} (from {v.first_loss:.3f})"
     rows = [
-        ("cluster", f"{v.cluster} ({v.world_size} x {v.gpu})"),
+        ("cluster", f"{v.cluster} ({devices_shown(v.gpu, v.world_size)})"),
         ("steps", f"{v.step or 0}/{v.total_steps or '?'}"),
         ("final loss", loss),
         ("samples/s", num(v.samples_per_s, ".1f")),

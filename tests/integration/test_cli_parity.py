@@ -80,6 +80,13 @@ def scenario(p: Place) -> None:
     p.do("status --json", "status", "par-j2", "--json")
     p.do("jobs", "jobs")
     p.do("jobs --json", "jobs", "--json")
+    # par-a is busy with par-j2: a third job there waits in the queue, where it is looked at,
+    # held, released and cancelled before it could start
+    p.do("run -d (queued)", "run", "-d", "--cluster", "par-a", "--name", "par-j3", "-y", ECHO)
+    p.do("logs (queued)", "logs", "par-j3")
+    p.do("hold", "hold", "par-j3")
+    p.do("release", "release", "par-j3")
+    p.do("cancel", "cancel", "par-j3")
     follow = p.cli.popen("logs", "par-j2", "-f")
     try:
         early = _first_line_with(follow, "napper rank 0", timeout=60)  # it follows the live job
@@ -146,28 +153,29 @@ Check = Callable[[subprocess.CompletedProcess[str], Place], None]
 
 
 def _launched(r: subprocess.CompletedProcess[str], p: Place) -> None:
-    assert "Cluster par-a: 1 x cpu" in r.stdout, r.stdout
+    assert "Cluster par-a: 1 CPU slot" in r.stdout, r.stdout
 
 
 def _launched_json(r: subprocess.CompletedProcess[str], p: Place) -> None:
     row = _json(r)
     assert (row["name"], row["status"], row["count"], row["topology"], row["health"]) == \
-        ("par-b", "running", 1, "pcie", "ok"), row
+        ("par-b", "running", 1, "shared memory", "ok"), row
     assert len(row["devices"]) == 1 and row["user"] == (USER if p.where == "server" else None)
 
 
 def _listed(r: subprocess.CompletedProcess[str], p: Place) -> None:
     for name in ("par-a", "par-b"):  # the topology and health columns, from the same row
         row = _table_rows(r.stdout, name)
-        assert len(row) == 1 and "pcie" in row[0] and " ok " in row[0] and "running" in row[0], \
-            r.stdout
+        assert len(row) == 1 and "shared memory" in row[0] and " ok " in row[0] and \
+            "running" in row[0], r.stdout
     assert "par-j2 (running)" in _table_rows(r.stdout, "par-a")[0], r.stdout
 
 
 def _listed_json(r: subprocess.CompletedProcess[str], p: Place) -> None:
     rows = {c["name"]: c for c in _json(r)}
     assert set(rows) == {"par-a", "par-b"}, rows
-    assert all(c["topology"] == "pcie" and c["health"] == "ok" for c in rows.values()), rows
+    assert all(c["topology"] == "shared memory" and c["health"] == "ok" for c in rows.values()), \
+        rows
     assert rows["par-a"]["devices"] != rows["par-b"]["devices"], rows  # one slot each
     assert (rows["par-a"]["job"], rows["par-a"]["job_status"]) == ("par-j2", "running"), rows
 
@@ -214,7 +222,24 @@ def _logs(r: subprocess.CompletedProcess[str], p: Place) -> None:
 
 
 def _cluster_stopped(r: subprocess.CompletedProcess[str], p: Place) -> None:
-    assert "Cluster par-b: stopped" in r.stdout, r.stdout
+    assert "Cluster par-b: stopped, devices freed, cost $" in r.stdout, r.stdout
+
+
+def _queued(r: subprocess.CompletedProcess[str], p: Place) -> None:
+    said = r.stdout + r.stderr  # the headline is on stderr, as every note around a job's output
+    assert "par-j3" in said and "queued" in said, said
+
+
+def _queued_logs(r: subprocess.CompletedProcess[str], p: Place) -> None:
+    assert "Job par-j3 is queued" in r.stderr and "its log starts when it runs" in r.stderr, \
+        r.stderr
+    assert r.stdout == "", r.stdout
+
+
+def _said(*words: str) -> Check:
+    def check(r: subprocess.CompletedProcess[str], p: Place) -> None:
+        assert all(w in r.stdout for w in words), r.stdout
+    return check
 
 
 def _listed_all(r: subprocess.CompletedProcess[str], p: Place) -> None:
@@ -228,7 +253,11 @@ def _usage(r: subprocess.CompletedProcess[str], p: Place) -> None:
 
 def _usage_by_job(r: subprocess.CompletedProcess[str], p: Place) -> None:
     booked = {g["job"]: g["micro_usd"] for g in _json(r)["groups"]}
-    assert set(booked) == {"par-j1", "par-j2"} and all(v > 0 for v in booked.values()), booked
+    # the jobs that ran (par-j3 never did), and the clusters' idle time, billed to their owner
+    assert {k for k in booked if not k.startswith("(idle) ")} == {"par-j1", "par-j2"}, booked
+    assert "(idle) par-b" in booked and set(booked) <= {"par-j1", "par-j2", "(idle) par-a",
+                                                        "(idle) par-b"}, booked
+    assert all(v > 0 for v in booked.values()), booked
 
 
 def _prices(r: subprocess.CompletedProcess[str], p: Place) -> None:
@@ -266,6 +295,11 @@ CASES: dict[str, tuple[tuple[str, ...], int, Check]] = {
     "status --json": (PLACES, 0, _status_json),
     "jobs": (PLACES, 0, _jobs),
     "jobs --json": (PLACES, 0, _jobs_json),
+    "run -d (queued)": (PLACES, 0, _queued),
+    "logs (queued)": (PLACES, 0, _queued_logs),
+    "hold": (PLACES, 0, _said("par-j3", "held")),
+    "release": (PLACES, 0, _said("par-j3", "released")),
+    "cancel": (PLACES, 0, _said("par-j3", "cancelled")),
     "stop (job)": (PLACES, 0, _job_stopped),
     "logs -f (stopped)": (PLACES, 1, _followed_to_its_end),  # the job's outcome, as `run` gives
     "logs": (PLACES, 0, _logs),

@@ -37,7 +37,7 @@ def test_stop_all_lists_what_it_stops_and_asks_nothing_without_a_terminal(tmp_pa
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "Stopping 2 running cluster(s):"
-    assert lines[1].startswith("  one: 1 x cpu") and lines[2].startswith("  two: 1 x cpu")
+    assert lines[1].startswith("  one: 1 CPU slot") and lines[2].startswith("  two: 1 CPU slot")
     assert "?" not in r.stdout
     assert any(x.startswith("Cluster one: stopped, devices freed") for x in lines)
     assert any(x.startswith("Cluster two: stopped, devices freed") for x in lines)
@@ -55,7 +55,7 @@ def test_stop_asks_on_a_terminal_and_takes_no_for_an_answer(tmp_path: Path) -> N
         os.close(slave)
         os.close(master)
     assert r.returncode == 1
-    assert "Stop cluster kept (1 x cpu)?" in r.stdout
+    assert "Stop cluster kept (1 CPU slot)?" in r.stdout
     assert '"status": "running"' in _cli(home, "list", "--json").stdout
     r = _cli(home, "stop", "kept", "-y")
     assert r.returncode == 0 and r.stdout.startswith("Cluster kept: stopped"), r.stdout

@@ -15,6 +15,9 @@ import psutil
 from fleet_helpers import WORKERS, Fleet
 
 PLAIN = str(WORKERS / "plain_ddp.py")
+# 0.1 s a step: 150 steps leave ~14 s after step 8 for `status` to read the live figures (40
+# steps once ended first under load, and the ETA read was 0)
+STEPS = 150
 
 
 def _rank_pid(fleet: Fleet, job: str, rank: int) -> int:
@@ -34,21 +37,22 @@ def _rank_pid(fleet: Fleet, job: str, rank: int) -> int:
 
 def test_a_plain_script_shows_steps_loss_eta_and_that_its_layout_is_its_own(fleet: Fleet) -> None:
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "plain", "--strategy", "fsdp",
-             "-y", PLAIN, "--", "--max_steps", "40", "--sleep", "0.1", timeout=60)
+             "-y", PLAIN, "--", "--max_steps", str(STEPS), "--sleep", "0.1", timeout=60)
     live = fleet.wait_for_step("plain", 8)
-    assert live["total_steps"] == 40  # read from the script's own --max_steps
+    assert live["status"] == "running", "the live figures below are read while it runs"
+    assert live["total_steps"] == STEPS  # read from the script's own --max_steps
     assert live["eta_s"] is not None and live["eta_s"] > 0
     assert live["samples_per_s"] and live["samples_per_s"] > 0  # DataLoader batches x 2 ranks
     assert live["loss"] is not None  # from its printed "step N: loss X" lines
 
     s = fleet.wait_ended("plain")
     assert s["status"] == "succeeded", s["reason"]
-    assert s["step"] == s["total_steps"] == 40
+    assert s["step"] == s["total_steps"] == STEPS
     printed = re.findall(r"loss ([0-9.]+)", (fleet.home / "jobs/plain/logs/rank0.log").read_text())
-    assert len(printed) == 40
+    assert len(printed) == STEPS
     assert s["loss"] == float(printed[-1]) and s["first_loss"] == float(printed[0])
     # 8 samples per rank per step over 2 ranks; the rate is measured, so only its scale is checked
-    assert s["samples"] == 40 * 16
+    assert s["samples"] == STEPS * 16
     # what ran: the script's own DDP; gpufleet's fsdp was never applied, and says so
     assert s["layout_seen"] == "own:ddp"
     assert s["layout"].startswith("as written: the script's own DDP"), s["layout"]

@@ -85,7 +85,7 @@ def test_a_user_signs_in_and_sees_their_queue_and_their_team(
                 break
             time.sleep(0.5)
         a2, b1 = rows["a2"], rows["b1"]
-        assert b1["position"] == 1 and "waits for 1 x cpu" in b1["reason"], b1
+        assert b1["position"] == 1 and "waits for 1 CPU slot" in b1["reason"], b1
         assert a2["position"] == 2 and a2["est_start"] and "behind the job at position 1" in a2["reason"], a2
 
         with httpx.Client(base_url=url, timeout=30) as http:

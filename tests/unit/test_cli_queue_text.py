@@ -14,7 +14,7 @@ NOW = 1_000_000.0
 
 def row(**fields: Any) -> dict[str, Any]:
     return {"status": "queued", "position": 2, "est_start": None, "start_note": None,
-            "wait": "devices", "reason": "waits for 1 x cpu to be free (0 free now)",
+            "wait": "devices", "reason": "waits for 1 CPU slot to be free (0 free now)",
             "held_by": None, "started_at": None, **fields}
 
 
@@ -31,7 +31,7 @@ def test_the_start_column_says_the_estimate_or_why_there_is_none() -> None:
 def test_a_waiting_run_says_the_same() -> None:
     note = "unknown (a launched cluster holds the devices until it is stopped)"
     assert queue_line(row(start_note=note), NOW) == (
-        f"queued: position 2, estimated start {note}; waits for 1 x cpu to be free (0 free now)")
+        f"queued: position 2, estimated start {note}; waits for 1 CPU slot to be free (0 free now)")
     assert queue_line(row(est_start=NOW + 30), NOW).startswith(
         "queued: position 2, estimated start in about 30s; ")
     held = row(wait="held", reason="held: it keeps its place but starts only after gpufleet "

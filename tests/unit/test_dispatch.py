@@ -126,9 +126,9 @@ def test_a_pass_that_starts_nothing_records_why_each_job_waits(store: Store) -> 
                            QueueStatus.QUEUED)
     assert got["over"][:3] == (Wait.QUOTA, 3, None)
     reasons = {e.name: e.reason for e in queued.waiting(store)}
-    assert reasons["head"] == "waits for 2 x cpu to be free (0 free now)"
+    assert reasons["head"] == "waits for 2 CPU slots to be free (0 free now)"
     assert reasons["next"] == "behind the job at position 1, which is next for cpu devices"
-    assert reasons["over"] is not None and "team vision's quota is 2 x cpu" in reasons["over"]
+    assert reasons["over"] is not None and "team vision's quota is 2 CPU slots" in reasons["over"]
 
 
 def test_a_start_that_finds_its_entry_cancelled_does_nothing(store: Store) -> None:
@@ -195,7 +195,7 @@ def test_a_pool_that_cannot_be_seen_holds_up_only_its_own_jobs(store: Store) -> 
     done = dispatch.dispatch(store)
     assert done.started == [] and done.refused == {}
     reasons = {e.name: e.reason for e in queued.waiting(store)}
-    assert reasons["here"] == "waits for 1 x cpu to be free (0 free now)"
+    assert reasons["here"] == "waits for 1 CPU slot to be free (0 free now)"
     assert reasons["there"] is not None
     assert reasons["there"].startswith("pool gone cannot be used now: pool: no pool named 'gone'")
 

@@ -1,4 +1,4 @@
-"""Input checks of `gpufleet plan` (gpufleet.spec.PlanSpec): every problem is one SpecError of
+"""Input checks of `gpufleet plan` (gpufleet.spec_plan.PlanSpec): every problem is one SpecError of
 (field, message) pairs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from gpufleet import catalog
 from gpufleet.errors import SpecError
-from gpufleet.spec import PlanSpec
+from gpufleet.spec_plan import PlanSpec
 
 
 def _problems(data: dict[str, Any], model_optional: bool = False) -> list[tuple[str, str]]:

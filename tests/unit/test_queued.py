@@ -97,7 +97,7 @@ def test_a_held_pool_queues_the_job_with_what_it_needs(store: Store) -> None:
     assert got.usd_per_hour == rate > 0
     assert [e.name for e in queued.waiting(store)] == ["q1"]
     assert JobSpec.model_validate_json(got.spec_json).name == "q1"
-    assert accounts.audit_log(store)[0]["detail"].startswith("queued: 1 x cpu on local")
+    assert accounts.audit_log(store)[0]["detail"].startswith("queued: 1 CPU slot on local")
     assert active_clusters(store) == ["hold"]  # nothing reserved for the queued job
 
 
@@ -145,7 +145,7 @@ def test_a_team_over_its_quota_waits_though_devices_are_free(store: Store) -> No
     assert reserved(store) == 2  # j2 took none of the two free slots
     with pytest.raises(ConflictError) as refused:
         submit(store, spec("j3", 1), queue=False, slots=4)
-    assert one_line(refused).startswith("limits: team vision's quota is 2 x cpu at once and 2 "
+    assert one_line(refused).startswith("limits: team vision's quota is 2 CPU slots at once and 2 "
                                         "are in use")
     with pytest.raises(SpecError) as never:
         submit(store, spec("j4", 3), slots=4)

@@ -50,7 +50,7 @@ def test_a_job_over_its_quota_never_fits_and_says_so() -> None:
     text = admit.never_fits(job("a", count=2), limits)
     assert text is not None
     assert text.startswith("count: ")
-    assert "2 x cpu" in text and "team t's quota is 1" in text
+    assert "2 CPU slots" in text and "team t's quota is 1" in text
     assert "gpufleet admin quota set t cpu N" in text
 
 
@@ -69,7 +69,7 @@ def test_quota_counts_what_is_in_use() -> None:
     limits = Limits(quotas={("t", "cpu"): 3})
     assert admit.quota_problem(job("a", count=2), {("t", "cpu"): 1}, limits) is None
     text = admit.quota_problem(job("a", count=2), {("t", "cpu"): 2}, limits)
-    assert text == ("team t's quota is 3 x cpu at once and 2 are in use; it starts when the "
+    assert text == ("team t's quota is 3 CPU slots at once and 2 are in use; it starts when the "
                     "team's jobs free them")
     assert admit.quota_problem(job("a", count=2), {("t", "a100"): 3}, limits) is None
 
@@ -82,7 +82,7 @@ def test_quota_one_job_runs_the_next_is_held_and_another_team_is_not_blocked() -
     held = p.held_of("t2")
     assert held is not None and held.wait is Wait.QUOTA and held.position == 1
     assert held.est_start is None
-    assert "team t" in held.text and "quota is 1 x cpu" in held.text and "1 are in use" in held.text
+    assert "team t" in held.text and "quota is 1 CPU slot" in held.text and "1 are in use" in held.text
     assert pool.asked == ["t1", "o1"]  # fits is never asked for a job over its quota
 
 

@@ -54,10 +54,15 @@ def test_markers_are_the_listed_kinds_and_each_resume() -> None:
 
 
 def test_a_new_kind_is_one_entry_in_the_list() -> None:
-    events = [(1.0, "running", ""), (5.0, "resize_reverted", "back to 2")]
+    events = [(1.0, "running", ""), (5.0, "spot_notice", "preempted in 2 min")]
     assert timeline.markers(events) == []
-    kinds = {**timeline.MARKER_KINDS, "resize_reverted": "resize reverted"}
-    assert [m.label for m in timeline.markers(events, kinds)] == ["resize reverted"]
+    kinds = {**timeline.MARKER_KINDS, "spot_notice": "spot notice"}
+    assert [m.label for m in timeline.markers(events, kinds)] == ["spot notice"]
+
+
+def test_an_elastic_verdict_is_marked() -> None:
+    events = [(1.0, "running", ""), (5.0, "resize_reverted", "throughput fell 82% ...")]
+    assert [m.label for m in timeline.markers(events)] == ["resize reverted"]
 
 
 def test_restarts_count_the_failures_retried() -> None:

@@ -28,6 +28,7 @@ from gpufleet.cli.options import (
 )
 from gpufleet.errors import SpecError
 from gpufleet.server.seg import seg
+from gpufleet.slot_words import devices_shown, network_shown
 
 if TYPE_CHECKING:
     from gpufleet.lifecycle.runs import StopPlan
@@ -60,7 +61,6 @@ def launch(
     with Slurm's pending reason shown, and one it can never satisfy is refused at once."""
     from gpufleet.lifecycle import clusters
     from gpufleet.lifecycle.provision import provision, with_pool
-    from gpufleet.slot_words import devices_shown, network_shown
     from gpufleet.spec import ClusterSpec, load_yaml
     from gpufleet.views import cluster_rows, pool_nodes
 
@@ -75,7 +75,7 @@ def launch(
         if as_json:
             print_json(got)
             return
-        out.print(f"Cluster [bold]{got['name']}[/]: {got['count']} x {got['gpu']} on "
+        out.print(f"Cluster [bold]{got['name']}[/]: {devices_shown(got['gpu'], got['count'])} on "
                   f"{client.url}. Run a job: gpufleet run --cluster {got['name']} SCRIPT")
         return
     st = store()
@@ -224,7 +224,7 @@ def _describe(plan: StopPlan) -> list[str]:
     lines = []
     for c, job in plan.clusters:
         running = f", job {job.name} ({job.status})" if job is not None else ""
-        lines.append(f"  {c.name}: {c.count} x {c.gpu}{running}")
+        lines.append(f"  {c.name}: {devices_shown(c.gpu, c.count)}{running}")
     return lines
 
 
@@ -292,7 +292,7 @@ def stop(
     else:
         c, job = plan.clusters[0]
         running = f", its job {job.name} ends" if job is not None else ""
-        confirm(f"Stop cluster {c.name} ({c.count} x {c.gpu}{running})?", yes)
+        confirm(f"Stop cluster {c.name} ({devices_shown(c.gpu, c.count)}{running})?", yes)
     for c, _job in plan.clusters:
         stopped, spent = runs.stop_cluster(st, c)
         out.print(f"Cluster {stopped.name}: {stopped.status}, devices freed, cost ${spent:.4f}")

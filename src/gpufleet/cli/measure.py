@@ -97,7 +97,7 @@ def bench_scaling(
     --precision are passed to `gpufleet run`."""
     from gpufleet.measure import command
     from gpufleet.plan.command import load_model
-    from gpufleet.spec import PlanSpec
+    from gpufleet.spec_plan import PlanSpec
 
     here_only("bench scaling")
     strategy, precision = strategy or "ddp", precision or "fp32"  # run's defaults, said in --help

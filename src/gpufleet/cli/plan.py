@@ -74,7 +74,7 @@ def plan(
     """Memory, speed and cost of training a model before you rent GPUs; or rank every cluster
     against a --deadline or --budget."""
     from gpufleet.plan import command
-    from gpufleet.spec import PlanSpec
+    from gpufleet.spec_plan import PlanSpec
 
     if list_models:
         command.list_models(as_json, out)

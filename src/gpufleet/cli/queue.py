@@ -12,6 +12,7 @@ import typer
 from gpufleet.cli.app import COMMAND, app, err, out, print_json, remote, store
 from gpufleet.cli.options import Json
 from gpufleet.server.seg import seg
+from gpufleet.slot_words import devices_shown
 
 if TYPE_CHECKING:
     from gpufleet.server.client import Client
@@ -77,7 +78,7 @@ def _table(rows: list[dict[str, Any]], now: float) -> Any:
         cost = r.get("cost_usd")
         t.add_row(r["name"], r.get("user") or "-", status,
                   "-" if r.get("priority") is None else str(r["priority"]),
-                  f"{r['count']} x {r['gpu']}", _age(r.get("submitted_at"), now),
+                  devices_shown(r["gpu"], r["count"]), _age(r.get("submitted_at"), now),
                   start_text(r, now), "-" if cost is None else ui.usd(cost),
                   r.get("reason") or "")
     return t
@@ -191,7 +192,7 @@ def print_queued(row: dict[str, Any], as_json: bool) -> None:
         out.print(f"Job {row['name']} is starting: the queue gave it its devices a moment ago.",
                   markup=False, highlight=False)
     elif row["status"] == "queued":
-        out.print(f"Job {row['name']} ({row['count']} x {row['gpu']}, user {row['user']}) is "
+        out.print(f"Job {row['name']} ({devices_shown(row['gpu'], row['count'])}, user {row['user']}) is "
                   f"{queue_line(row, time.time())}", markup=False, highlight=False,
                   soft_wrap=True)
     else:
@@ -227,11 +228,27 @@ def queued_first(st: Store, name: str, follow: bool) -> None:
 
 
 def remote_logs(client: Client, name: str, follow: bool, rank: int | None) -> str:
-    """`logs` through the server; the job's status when it returns."""
+    """`logs` through the server; the job's status when it returns. A job still queued is
+    said to be (where it waits) as `logs` says on this machine, and -f waits for its start."""
+    from gpufleet.cli.follow import queue_line
+
     offset = 0
+    told = False
     while True:
         got = client.call("GET", f"/api/v1/jobs/{seg(name)}/logs",
                           query={"offset": offset, "rank": rank})
+        waiting = got.get("waiting")
+        if waiting is not None:
+            if not told:
+                now = "starting" if waiting["status"] == "started" else \
+                    queue_line(waiting, time.time())
+                err.print(f"Job {name} is {now}; its log starts when it runs.", markup=False,
+                          highlight=False, soft_wrap=True)
+                told = True
+            if not follow:
+                raise typer.Exit(0)
+            time.sleep(1.0)
+            continue
         sys.stdout.write(got["text"])
         sys.stdout.flush()
         offset = got["offset"]

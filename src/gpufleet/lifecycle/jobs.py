@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from gpufleet.errors import ConflictError, LimitError, NotFoundError, SpecError
 from gpufleet.lifecycle import job_runs, owners
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, JobStatus
+from gpufleet.slot_words import devices_shown
 from gpufleet.spec import JobSpec, check_name
 from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
 
@@ -86,7 +87,7 @@ def _check_quota(s: Session, team: str, cluster: Cluster) -> None:
 
     held = holding.by_team(s, exclude=cluster.id).get((team, cluster.gpu), 0)
     if held + cluster.count > cap:
-        raise LimitError(f"limits: team {team}'s quota is {cap} x {cluster.gpu} at once and "
+        raise LimitError(f"limits: team {team}'s quota is {devices_shown(cluster.gpu, cap)} at once and "
                          f"{held} are in use")
 
 

@@ -25,6 +25,7 @@ from gpufleet.pool.allocate import allocate
 from gpufleet.sched import admit
 from gpufleet.sched import after as after_rule
 from gpufleet.sched.model import Limits, Waiting
+from gpufleet.slot_words import devices_shown
 from gpufleet.spec import ClusterSpec, JobSpec
 from gpufleet.store import Cluster, Job, QueuedJob, Store
 
@@ -137,7 +138,7 @@ def enqueue(store: Store, spec: JobSpec, who: Identity, need: Need, cpu_slots: i
                           status=QueueStatus.QUEUED, after=spec.after)
         s.add(entry)
         accounts.audit(s, who, "submit", spec.name,
-                       f"queued: {need.count} x {need.gpu} on {need.cluster or need.pool}, "
+                       f"queued: {devices_shown(need.gpu, need.count)} on {need.cluster or need.pool}, "
                        f"priority {spec.priority}"
                        + (f", after {spec.after}" if spec.after else ""), now)
     return entry

@@ -19,7 +19,7 @@ from gpufleet.plan import calibration as calib
 from gpufleet.plan import models, recommend
 from gpufleet.plan.estimate import INTER_NODE, Plan, Workload, cluster_problems, estimate
 from gpufleet.plan.models import Model, gib
-from gpufleet.spec import PlanSpec
+from gpufleet.spec_plan import PlanSpec
 
 DEFAULT_SEQ = 2048
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpufleet.sched.model import Limits, Waiting
+from gpufleet.slot_words import devices_shown
 
 
 def _usd(value: float) -> str:
@@ -23,7 +24,7 @@ def never_fits(w: Waiting, limits: Limits) -> str | None:
         return None
     cap = limits.quotas.get((w.team, w.resource[1]))
     if cap is not None and w.count > cap:
-        return (f"count: the job needs {w.count} x {w.resource[1]} but team {w.team}'s quota is "
+        return (f"count: the job needs {devices_shown(w.resource[1], w.count)} but team {w.team}'s quota is "
                 f"{cap} at once; ask an admin to raise it (gpufleet admin quota set {w.team} "
                 f"{w.resource[1]} N)")
     budget = limits.budget_of.get(w.team)
@@ -46,7 +47,7 @@ def quota_problem(w: Waiting, in_use: Mapping[tuple[str, str], int], limits: Lim
     used = in_use.get((w.team, gpu), 0)
     if used + w.count <= cap:
         return None
-    return (f"team {w.team}'s quota is {cap} x {gpu} at once and {used} are in use; it starts "
+    return (f"team {w.team}'s quota is {devices_shown(gpu, cap)} at once and {used} are in use; it starts "
             "when the team's jobs free them")
 
 

@@ -43,6 +43,7 @@ from gpufleet.sched.model import (
     Waiting,
 )
 from gpufleet.sched.order import WEIGHT_S_PER_GPU_HOUR, ordered
+from gpufleet.slot_words import devices_shown
 
 INF = float("inf")
 NO_LIMIT = "unknown (a running job has no --time-limit)"
@@ -206,7 +207,7 @@ def plan(waiting: Sequence[Waiting], running: Sequence[Running], free: Mapping[R
             why = None if shadow is not None else no_end(w.resource, tl)
             heads[w.resource] = _Head(w.name, shadow, max(0, spare), why, len(held) + 1)
             _reserve(tl, shadow, w)
-            hold(w, Wait.DEVICES, f"waits for {w.count} x {w.resource[1]} to be free "
+            hold(w, Wait.DEVICES, f"waits for {devices_shown(w.resource[1], w.count)} to be free "
                  f"({tl.free_now} free now)", shadow, why)
             continue
         ends_in_time = (head.shadow is not None and w.duration_s is not None

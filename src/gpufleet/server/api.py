@@ -30,7 +30,7 @@ from gpufleet.errors import (
 )
 from gpufleet.lifecycle import accounts, hold_release, jobs, listing, queued, reconcile, runs
 from gpufleet.lifecycle.accounts import Identity
-from gpufleet.lifecycle.status import JobStatus
+from gpufleet.lifecycle.status import JobStatus, QueueStatus
 from gpufleet.server import API_VERSION, api_admin, api_clusters
 from gpufleet.server.loop import Loop
 from gpufleet.store import Store
@@ -266,9 +266,14 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
         e = queued.entry(store, name)
         if e is not None and jobs.get_or_none(store, name) is None:
             accounts.may_act_on(me, e.user, f"logs of {name}")
-            raise ConflictError(f"logs: job '{name}' is {e.status}"
-                                + (f" (position {e.position})" if e.position else "")
-                                + "; its log starts when it runs")
+            if e.status not in (QueueStatus.QUEUED, QueueStatus.STARTED):  # started: a moment
+                raise ConflictError(f"logs: job '{name}' left the queue without starting "
+                                    f"({e.status}{': ' + e.reason if e.reason else ''}); it has "
+                                    "no log")
+            # no log yet: its queue row, so that `logs` says where it waits (-f: and waits)
+            return {"text": "", "offset": 0, "more": False, "active": True,
+                    "status": str(e.status), "reason": e.reason,
+                    "waiting": listing.queued_row(e)}
         j = reconcile.refresh(store, name)
         accounts.may_act_on(me, j.user, f"logs of {name}")
         if rank is not None and not 0 <= rank < j.world_size:

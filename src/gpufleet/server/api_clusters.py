@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from gpufleet.errors import ConflictError, ForbiddenError, LimitError, NotFoundError
 from gpufleet.lifecycle import accounts, clusters, held, pools, runs
 from gpufleet.lifecycle.provision import provision, with_pool
+from gpufleet.slot_words import devices_shown
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster
 from gpufleet.views import cluster_rows, pool_nodes
@@ -59,9 +60,9 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
                 cap = accounts.quotas(s).get((me.team, c.gpu))
                 holds = held.by_team(s).get((me.team, c.gpu), 0)
                 if cap is not None and holds > cap:
-                    raise LimitError(f"limits: team {me.team}'s quota is {cap} x {c.gpu} at "
+                    raise LimitError(f"limits: team {me.team}'s quota is {devices_shown(c.gpu, cap)} at "
                                      f"once and {holds - c.count} are in use")
-            accounts.audit(s, me, "launch", c.name, f"{c.count} x {c.gpu} on {c.pool or 'local'}")
+            accounts.audit(s, me, "launch", c.name, f"{devices_shown(c.gpu, c.count)} on {c.pool or 'local'}")
 
         # no one to show a quote to: what it reserves is the caller's (simulated: billed nothing)
         made = provision(store, spec, None, body.cpu_slots, user=me.user, then=audited)

@@ -9,7 +9,7 @@ each `run --resume`. The charts draw one series per run, so a restart without a 
 an abandoned resize (a `resizing` with no `resized` after it), where the same workers go on.
 
 `MARKER_KINDS` is the one list of event kinds the page draws as a labelled vertical line on
-every chart; a new kind (an elastic `resize_reverted`, say) is one more entry there.
+every chart; a new kind is one more entry there.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ MARKER_KINDS: dict[str, str] = {
     "resized": "resized",
     "scale_blocked": "resize blocked",
     "node_replaced": "node replaced",
+    "resize_kept": "resize kept",  # an elastic resize's verdict (supervise/goodput.py)
+    "resize_reverted": "resize reverted",
 }
 # kinds that say a resize really ended the workers: the next `running` is a new run
 RESIZED_KINDS = ("resized",)
