@@ -194,6 +194,31 @@ def error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("error:")]
 
 
+_PREFIX = re.compile(r"^(\[[^\]]*\] )+")  # `[agent] `, `[rank0] `: whose line it is
+_RAY_FRAME = re.compile(r'File "(?:[^"]*/site-packages/ray/|python/ray/)')
+
+
+def tracebacks_not_rays(text: str) -> list[str]:
+    """The tracebacks in a job's output other than those Ray Train logs about its own internals
+    and goes on from (a busy machine made its autoscaling coordinator's `ray.get` time out: every
+    frame in Ray, the job succeeded). Each as its lines; a frame of gpufleet's, of the script or
+    of anything but Ray makes a traceback count."""
+    lines = [_PREFIX.sub("", ln) for ln in text.splitlines()]
+    found = []
+    for i, ln in enumerate(lines):
+        if not ln.startswith("Traceback (most recent call last):"):
+            continue
+        block = [ln]
+        for nxt in lines[i + 1:]:
+            block.append(nxt)
+            if not nxt.startswith(" "):  # the exception's own line ends it
+                break
+        frames = [b for b in block if b.lstrip().startswith('File "')]
+        if not frames or not all(_RAY_FRAME.search(f) for f in frames):
+            found.append("\n".join(block))
+    return found
+
+
 def serving(home: Fleet, *extra: str) -> Iterator[tuple[str, Fleet]]:
     """`gpufleet server --port 0` with the fleet's home (and `extra` options): its URL and
     the fleet, until the generator is closed; then the server is stopped."""

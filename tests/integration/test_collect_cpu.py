@@ -29,10 +29,18 @@ def test_busy_and_idle_workers_are_told_apart() -> None:
             time.sleep(0.1)
         assert set(sampler.pids) == {0, 1}
         sampler.sample()  # starts the CPU interval
-        time.sleep(1.0)
-        got = {(s.device, s.name): s.value for s in sampler.sample()}
-        assert got[("cpu0", "gpu_utilization")] > 0.5
-        assert got[("cpu1", "gpu_utilization")] < 0.2
+        # A series of intervals, judged by their best: a spinning worker gets the share of a core
+        # the machine's load leaves it (0.42 next to two other busy processes on 2 cores), a
+        # sleeping one none at all, whatever the load; so the verdict is relative.
+        series = []
+        for _ in range(5):
+            time.sleep(0.5)
+            series.append({(s.device, s.name): s.value for s in sampler.sample()})
+        got = series[-1]
+        busy = max(g[("cpu0", "gpu_utilization")] for g in series)
+        idle = max(g[("cpu1", "gpu_utilization")] for g in series)
+        assert idle < 0.05, series
+        assert busy > 0.15 and busy > 5 * idle, series
         assert got[("cpu0", "gpu_memory_used_bytes")] > 1 << 20
         assert got[("cpu1", "gpu_memory_total_bytes")] == 1 << 30
     finally:

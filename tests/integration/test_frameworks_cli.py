@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from fleet_helpers import EXAMPLES, Fleet, error_lines
+from fleet_helpers import EXAMPLES, Fleet, error_lines, tracebacks_not_rays
 
 GPT = str(EXAMPLES / "gpt.py")
 # The example GPT at its default shape (2 layers, 4 heads, so the preflight checks bite), trained
@@ -184,7 +184,7 @@ def ray_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayRun]:
 def test_ray_ddp_trains(ray_run: RayRun) -> None:
     r = ray_run.result
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
-    assert "Traceback" not in r.stdout + r.stderr
+    assert tracebacks_not_rays(r.stdout + r.stderr) == []
     assert "ddp, dp=2" in r.stdout
     assert "final loss" in r.stdout
     s = ray_run.status
