@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from gpufleet.pool.model import Device
-
-if TYPE_CHECKING:
-    from gpufleet.doctor.state_check import StateFacts
 
 Status = Literal["pass", "warn", "fail"]
 
@@ -137,6 +134,17 @@ class AllReduceRun:
     timed_out: bool
     timeout_s: float
     output: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StateFacts:
+    """The state file as `doctor.state_check.state_facts` found it (the verdict is made there)."""
+
+    path: str
+    exists: bool
+    open_problem: str | None  # state_file.open_problem's line, when the file may not be opened
+    quick_check: tuple[str, ...] = ()  # PRAGMA quick_check's rows: ("ok",) when intact
+    error: str | None = None  # why SQLite could not read it at all
 
 
 @dataclass(frozen=True)

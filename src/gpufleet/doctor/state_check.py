@@ -9,25 +9,15 @@ the edge (a read-only open, the pragma); `state_file_check` the pure verdict.
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet import state_file
-from gpufleet.doctor.model import Check
+from gpufleet.doctor.model import Check, StateFacts
 from gpufleet.errors import excerpt
 
 QUICK_CHECK_ROWS = 5  # SQLite lists up to 100 problems; the first few say enough
 # A busy store is not a damaged one: wait up to this long for a writer before judging.
 BUSY_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True)
-class StateFacts:
-    path: str
-    exists: bool
-    open_problem: str | None  # state_file.open_problem's line, when the file may not be opened
-    quick_check: tuple[str, ...] = ()  # PRAGMA quick_check's rows: ("ok",) when intact
-    error: str | None = None  # why SQLite could not read it at all
 
 
 def state_facts(path: Path) -> StateFacts:
