@@ -12,18 +12,8 @@ pipeline stages outermost since they only pass activations between neighbours.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Strategy = Literal["ddp", "fsdp", "zero1", "zero2", "zero3", "tp", "pp"]
-Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
-Schedule = Literal["gpipe", "1f1b"]
-Framework = Literal["torchrun", "accelerate", "deepspeed", "ray", "horovod"]
-
-STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "zero1", "zero2", "zero3", "tp", "pp")
-DATA_PARALLEL: tuple[str, ...] = ("ddp", "fsdp", "zero1", "zero2", "zero3")
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed", "fp16-mixed")
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
-FRAMEWORKS: tuple[str, ...] = ("torchrun", "accelerate", "deepspeed", "ray", "horovod")
+from gpufleet.vocab import DATA_PARALLEL, FRAMEWORKS, PRECISIONS, SCHEDULES, STRATEGIES
 
 # What each data-parallel method keeps whole on every rank; the rest is split dp ways.
 # (ZeRO paper, Rajbhandari et al. 2020, section 5: stage 1 shards optimizer state, stage 2 adds

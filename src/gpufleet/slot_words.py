@@ -3,15 +3,16 @@ and slots exchange tensors through the host's shared memory (gloo), not over a P
 
 Inside, a CPU-slot cluster keeps the fabric `pcie` (what `pool.model.Node.fabric_for` gives it,
 and what the planner, the allocator and the price books read); only what is shown to a user
-says otherwise. A leaf with no imports, so `list` (through `snapshot`) can use it for free.
+says otherwise. A leaf (it imports only `vocab`, another), so `list` (through `snapshot`) can use it for free.
 """
 
 from __future__ import annotations
 
+from gpufleet.vocab import IN_NODE_NETWORKS
+
 CPU = "cpu"  # the catalog's type name for CPU slots
 SHARED_MEMORY = "shared memory"
 MAX_SLOTS = 128  # what --cpu-slots and $GPUFLEET_CPU_SLOTS may ask for (backends.local)
-_IN_NODE = ("pcie", "nvlink", "nvswitch")
 
 
 def is_slots(gpu: str) -> bool:
@@ -21,7 +22,7 @@ def is_slots(gpu: str) -> bool:
 def network_shown(gpu: str, network: str) -> str:
     """The network as a user should read it: CPU slots in one host talk through its memory.
     Across nodes (a Ray pool of CPU nodes) the network between them is what it is."""
-    return SHARED_MEMORY if is_slots(gpu) and network in _IN_NODE else network
+    return SHARED_MEMORY if is_slots(gpu) and network in IN_NODE_NETWORKS else network
 
 
 def devices_shown(gpu: str, count: int) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
@@ -19,11 +19,10 @@ from gpufleet.backends.kinds import Kind, capabilities
 from gpufleet.errors import SpecError, excerpt
 from gpufleet.parallelism import Layout, resolve
 from gpufleet.spec_yaml import load_yaml as load_yaml  # where it lived before; callers import it here
+from gpufleet.vocab import INTER_NODE_NETWORKS, Framework, Network, Precision, Schedule, Strategy
 
 MAX_GPUS_PER_JOB = 128  # seed 000: up to 128 GPUs per job (16 nodes x 8)
 MAX_GPUS_PER_NODE = 8
-NETWORKS = ("pcie", "nvlink", "nvswitch", "infiniband", "ethernet")  # = ClusterSpec.network's Literal
-INTER_NODE_NETWORKS = ("infiniband", "ethernet")
 DEFAULT_DISK = "1GB"
 
 _NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
@@ -138,7 +137,7 @@ class ClusterSpec(_Spec):
     name: str | None = None
     gpu: str
     count: int = Field(1, ge=1, le=MAX_GPUS_PER_JOB)
-    network: Literal["pcie", "nvlink", "nvswitch", "infiniband", "ethernet"] | None = None
+    network: Network | None = None
     nodes: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
     disk: str = DEFAULT_DISK
     backend: Kind = "local"
@@ -298,14 +297,14 @@ class JobSpec(_Spec):
     name: str | None = None
     cluster: str | ClusterSpec | None = None
     workers_per_node: int | None = Field(None, ge=1, le=MAX_GPUS_PER_NODE)
-    strategy: Literal["ddp", "fsdp", "zero1", "zero2", "zero3", "tp", "pp"] = "ddp"
+    strategy: Strategy = "ddp"
     dp: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)  # mesh dims; see gpufleet.parallelism
     tp: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
     pp: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
-    pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    pp_schedule: Schedule = "1f1b"
     microbatches: int | None = Field(None, ge=1, le=4096)
-    precision: Literal["fp32", "bf16-mixed", "fp16-mixed"] = "fp32"
-    framework: Literal["torchrun", "accelerate", "deepspeed", "ray", "horovod"] = "torchrun"
+    precision: Precision = "fp32"
+    framework: Framework = "torchrun"
     model: ModelShape | None = None  # for checks before start; else read from the script
     env: dict[str, Annotated[str, BeforeValidator(_scalar_to_str)]] = Field(default_factory=dict)
     max_restarts: int = Field(0, ge=0, le=100)

@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, field_validator
 from gpufleet import catalog
 from gpufleet.errors import SpecError
 from gpufleet.spec import MAX_GPUS_PER_JOB, _errors, _Spec, parse_duration
+from gpufleet.vocab import Framework, Network, Precision, Schedule, Strategy
 
 
 class PlanSpec(_Spec):
@@ -23,17 +24,17 @@ class PlanSpec(_Spec):
     config: str | None = None  # a Hugging Face config.json
     gpu: str | None = None
     count: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
-    network: Literal["pcie", "nvlink", "nvswitch", "infiniband", "ethernet"] | None = None
-    strategy: Literal["ddp", "fsdp", "zero1", "zero2", "zero3", "tp", "pp"] | None = None
+    network: Network | None = None
+    strategy: Strategy | None = None
     dp: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
     tp: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
     pp: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
-    pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    pp_schedule: Schedule = "1f1b"
     microbatches: int | None = Field(None, ge=1, le=4096)
     # bf16 unless told: what large-model training uses (`run` defaults to fp32; pass the same
     # --precision to both).
-    precision: Literal["fp32", "bf16-mixed", "fp16-mixed"] = "bf16-mixed"
-    framework: Literal["torchrun", "accelerate", "deepspeed", "ray", "horovod"] = "torchrun"
+    precision: Precision = "bf16-mixed"
+    framework: Framework = "torchrun"
     micro_batch: int = Field(1, ge=1, le=65536)
     seq: int | None = Field(None, ge=1, le=10_000_000)
     grad_accum: int = Field(1, ge=1, le=4096)

@@ -13,7 +13,8 @@ from gpufleet import catalog
 from gpufleet.errors import SpecError
 from gpufleet.launch.env import NCCL_BY_FABRIC
 from gpufleet.pool.model import FABRIC_LEVEL
-from gpufleet.spec import INTER_NODE_NETWORKS, NETWORKS, ClusterSpec
+from gpufleet.spec import ClusterSpec
+from gpufleet.vocab import IN_NODE_NETWORKS, INTER_NODE_NETWORKS, NETWORKS
 
 CSV_FILES = ("gpus.csv", "interconnects.csv", "prices.csv")
 
@@ -108,6 +109,7 @@ def test_interconnects_agree_with_spec_allocator_and_nccl_presets() -> None:
     assert {n for n, ic in catalog.interconnects().items() if ic.scope == "inter-node"} == set(
         INTER_NODE_NETWORKS)
     assert {n for n, ic in catalog.interconnects().items() if ic.scope == "intra-node"} == set(FABRIC_LEVEL)
+    assert set(FABRIC_LEVEL) == set(IN_NODE_NETWORKS)
 
 
 def test_interconnect_numbers_positive() -> None:

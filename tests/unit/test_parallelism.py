@@ -7,17 +7,14 @@ from typing import Any
 import pytest
 
 from gpufleet.parallelism import (
-    FRAMEWORKS,
-    PRECISIONS,
-    SCHEDULES,
     SHARDED,
-    STRATEGIES,
     Layout,
     LayoutError,
     model_problems,
     precision_problem,
     resolve,
 )
+from gpufleet.vocab import FRAMEWORKS, PRECISIONS, SCHEDULES, STRATEGIES
 
 
 def problems_of(strategy: str, world: int, **kw: Any) -> list[tuple[str, str]]:

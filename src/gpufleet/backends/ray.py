@@ -36,6 +36,7 @@ from gpufleet.backends.ray_auth import auth_env, use_here
 from gpufleet.errors import ConflictError, GpufleetError
 from gpufleet.launch import multinode
 from gpufleet.pool.model import FABRIC_LEVEL, Device, Node
+from gpufleet.vocab import INTER_NODE_NETWORKS
 
 LABEL_GPU = "gpufleet/gpu"
 LABEL_FABRIC = "gpufleet/fabric"
@@ -43,7 +44,7 @@ LABEL_NETWORK = "gpufleet/network"
 LABEL_SIMULATED = "gpufleet/simulated"
 LABEL_NODE = "gpufleet/node"
 RESOURCE = "gpufleet_gpu"
-NETWORKS = ("infiniband", "ethernet")
+NETWORKS = INTER_NODE_NETWORKS
 NAMESPACE = "gpufleet"
 PLAN_FILE = "ray-plan.json"  # in the job folder; the driver writes the lost nodes beside it
 

@@ -18,8 +18,9 @@ from gpufleet.backends.base import Handle, Prepared, RunRequest
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
 from gpufleet.errors import ConflictError, SpecError
 from gpufleet.pool.model import Device, Node
+from gpufleet.vocab import IN_NODE_NETWORKS, INTER_NODE_NETWORKS
 
-NETWORKS = ("infiniband", "ethernet")
+NETWORKS = INTER_NODE_NETWORKS
 MAX_NODES = 100_000
 _SHAPE = re.compile(r"^\s*(\d+)\s*x\s*([A-Za-z0-9._-]+)\s*:\s*(\d+)\s*(?::\s*([a-z]+))?\s*$")
 
@@ -69,7 +70,7 @@ def build_nodes(pool: str, shapes: list[Shape]) -> list[Node]:
     nodes: list[Node] = []
     for s in shapes:
         gpu = catalog.gpu_types()[s.gpu]
-        fabric = gpu.node_fabric if gpu.node_fabric in ("pcie", "nvlink", "nvswitch") else "pcie"
+        fabric = gpu.node_fabric if gpu.node_fabric in IN_NODE_NETWORKS else "pcie"
         mem = int(gpu.memory_gb * 1e9)
         peers_all = tuple(range(s.per_node))
         devices = tuple(

@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from gpufleet.vocab import FRAMEWORKS, NETWORKS, PRECISIONS, SCHEDULES, STRATEGIES, spoken
+
 
 def default(text: str) -> str:
     """` [default: TEXT]` as help text that survives Rich markup."""
@@ -30,10 +32,10 @@ Gpu = Annotated[str | None, typer.Option("--gpu", help=GPU_TYPES)]
 Count = Annotated[int | None, typer.Option(
     "--count", help="Number of GPUs (1-128)." + default("1"))]
 Network = Annotated[str | None, typer.Option(
-    "--network", help="pcie, nvlink, nvswitch, infiniband or ethernet."
+    "--network", help=f"{spoken(NETWORKS)}."
     + default("pcie in one node, ethernet across nodes"))]
 PlanNetwork = Annotated[str | None, typer.Option(
-    "--network", help="pcie, nvlink, nvswitch, infiniband or ethernet."
+    "--network", help=f"{spoken(NETWORKS)}."
     + default("the GPU's node fabric; infiniband above 8 GPUs"))]
 Disk = Annotated[str | None, typer.Option(
     "--disk", help="Scratch space, e.g. 100GB, 1TB." + default("1GB"))]
@@ -54,20 +56,20 @@ IdleCluster = Annotated[str, typer.Option("--cluster", "-c", help="Cluster to me
 
 # -- a training layout ---------------------------------------------------------------------------
 Strategy = Annotated[str | None, typer.Option(
-    "--strategy", help="ddp, fsdp, zero1, zero2, zero3, tp or pp." + default("ddp"))]
+    "--strategy", help=f"{spoken(STRATEGIES)}." + default("ddp"))]
 Dp = Annotated[int | None, typer.Option("--dp", help="Data-parallel degree of the mesh.")]
 Tp = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.")]
 Pp = Annotated[int | None, typer.Option("--pp", help="Pipeline stages.")]
 PpSchedule = Annotated[str | None, typer.Option(
-    "--pp-schedule", help="gpipe or 1f1b." + default("1f1b"))]
+    "--pp-schedule", help=f"{spoken(SCHEDULES)}." + default("1f1b"))]
 Microbatches = Annotated[int | None, typer.Option(
     "--microbatches", help="Pipeline micro-batches per step." + default("--pp"))]
 Framework = Annotated[str | None, typer.Option(
-    "--framework", help="torchrun, accelerate, deepspeed, ray or horovod." + default("torchrun"))]
+    "--framework", help=f"{spoken(FRAMEWORKS)}." + default("torchrun"))]
 RunPrecision = Annotated[str | None, typer.Option(
-    "--precision", help="fp32, bf16-mixed or fp16-mixed." + default("fp32"))]
+    "--precision", help=f"{spoken(PRECISIONS)}." + default("fp32"))]
 PlanPrecision = Annotated[str | None, typer.Option(
-    "--precision", help="fp32, bf16-mixed or fp16-mixed." + default("bf16-mixed"))]
+    "--precision", help=f"{spoken(PRECISIONS)}." + default("bf16-mixed"))]
 
 # -- progress of any script (the worker bootstrap, gpufleet/bootstrap) ---------------------------
 TotalSteps = Annotated[int | None, typer.Option(

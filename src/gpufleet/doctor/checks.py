@@ -21,7 +21,6 @@ from gpufleet.doctor.model import (
     NCCL_P2P_LEVELS,
     NOFILE_FAIL,
     NOFILE_WARN,
-    NVLINK_NETWORKS,
     RESULT_MARKER,
     SHM_FAIL_BYTES,
     SHM_WARN_BYTES,
@@ -34,6 +33,7 @@ from gpufleet.doctor.model import (
 from gpufleet.doctor.state_check import state_file_check
 from gpufleet.plan.comm import algbw_to_busbw
 from gpufleet.pool.model import Device
+from gpufleet.vocab import NVLINK_NETWORKS
 
 
 def _ids(devices: tuple[Device, ...] | list[Device]) -> str:

@@ -36,7 +36,6 @@ TOPOLOGY_MEANING = {
     "PHB": "a PCIe host bridge (the CPU)", "NODE": "host bridges within a NUMA node",
     "SYS": "the link between CPU sockets",
 }
-NVLINK_NETWORKS = ("nvlink", "nvswitch")
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 NCCL_P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
 

@@ -20,12 +20,13 @@ from gpufleet.errors import ConflictError, SpecError
 from gpufleet.lifecycle import pools
 from gpufleet.pool.model import FABRIC_LEVEL, Node
 from gpufleet.store import Pool, Store, gpufleet_home
+from gpufleet.vocab import INTER_NODE_NETWORKS
 
 if TYPE_CHECKING:
     from gpufleet.backends.ray_local import LocalRay
 
 ADDABLE = ("ray", "slurm", "sim")  # `pool add KIND`; this host is the built-in pool 'local'
-NODE_NETWORKS = ("infiniband", "ethernet")
+NODE_NETWORKS = INTER_NODE_NETWORKS
 
 
 @dataclass(frozen=True)
