@@ -2,14 +2,15 @@
 
 CLI flags, YAML files and the Python API all build these models through `ClusterSpec.parse` /
 `JobSpec.parse`, which report every problem of one spec together, each naming its field and the
-allowed values, as a `SpecError` (exit code 2 in the CLI).
+allowed values, as a `SpecError` (exit code 2 in the CLI). They validate data only: whether the
+script is a file is looked at by the edge that takes the job (`script_file.parse_job_here`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
@@ -447,19 +448,15 @@ class JobSpec(_Spec):
                        microbatches=self.microbatches, framework=self.framework)
 
     @classmethod
-    def parse(cls, data: dict[str, Any]) -> Self:
+    def parse(cls, data: dict[str, Any], found: Sequence[tuple[str, str]] = ()) -> Self:
+        """Validate the data (no file is read); `found`: problems the caller found outside it
+        (the script missing on disk, `script_file.script_problems`), reported with the rest."""
         data = {k: v for k, v in data.items() if v is not None}
-        script = data.get("script")
-        base = Path(str(data.get("workdir") or "."))
-        missing = ([("script", f"{script} is a directory, not a script" if (base / script).is_dir()
-                     else f"no such file: {script}")]
-                   if isinstance(script, str) and script.strip() and not (base / script).is_file()
-                   else [])
         try:
             spec = cls.model_validate(data)
         except ValidationError as exc:
-            raise SpecError(_errors(exc) + missing) from None
-        problems = missing + spec.elastic_problems()
+            raise SpecError(_errors(exc) + list(found)) from None
+        problems = [*found, *spec.elastic_problems()]
         if problems:
             raise SpecError(problems)
         return spec

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.errors import GpufleetError, SpecError
+from gpufleet.script_file import parse_job_here, script_problems
 from gpufleet.spec import ClusterSpec, JobSpec, load_yaml, parse_disk
 
 
@@ -385,18 +386,42 @@ def test_job_bad_job_name(script: str) -> None:
     assert "not a valid job name" in only_problem({"script": script, "name": "-x"}, "name", JobSpec)
 
 
+class _JobHere:
+    """JobSpec as the edges that take a job parse it: the script looked for on disk."""
+
+    parse = staticmethod(parse_job_here)
+
+
 def test_job_missing_script_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.py"
-    assert only_problem({"script": str(missing)}, "script", JobSpec) == f"no such file: {missing}"
+    assert only_problem({"script": str(missing)}, "script", _JobHere) == f"no such file: {missing}"
 
 
 def test_job_script_that_is_a_folder_refused(tmp_path: Path) -> None:
-    msg = only_problem({"script": str(tmp_path)}, "script", JobSpec)
+    msg = only_problem({"script": str(tmp_path)}, "script", _JobHere)
     assert msg == f"{tmp_path} is a directory, not a script"
     # relative to the job's own folder, as the script itself is
     (tmp_path / "src").mkdir()
-    assert only_problem({"script": "src", "workdir": str(tmp_path)}, "script", JobSpec) == \
+    assert only_problem({"script": "src", "workdir": str(tmp_path)}, "script", _JobHere) == \
         "src is a directory, not a script"
+
+
+def test_job_parse_reads_no_file(tmp_path: Path) -> None:
+    """Validation is of data only: a script that is nowhere is not JobSpec.parse's concern, and
+    what an edge found on disk is reported with the data's own problems, each once."""
+    assert JobSpec.parse({"script": str(tmp_path / "nope.py")}).script == str(tmp_path / "nope.py")
+    assert script_problems({"script": "train.py", "workdir": str(tmp_path)}) == [
+        ("script", "no such file: train.py")]
+    (tmp_path / "train.py").write_text("")
+    assert script_problems({"script": "train.py", "workdir": str(tmp_path)}) == []
+    found = [("script", "no such file: x.py")]
+    assert problems_of({"script": "x.py", "strategy": "megatron"}, _JobHere) == [
+        ("strategy", "'megatron' is not allowed; allowed: 'ddp', 'fsdp', 'zero1', 'zero2', "
+                     "'zero3', 'tp' or 'pp'"), *found]
+    with pytest.raises(SpecError) as info:
+        JobSpec.parse({"script": "x.py", "workers": "2:4", "framework": "deepspeed"}, found=found)
+    assert info.value.problems == [*found, ("workers", "elastic ranges run under torchrun only, "
+                                            "not deepspeed; drop --workers or use --framework torchrun")]
 
 
 def test_job_blank_script_refused() -> None:

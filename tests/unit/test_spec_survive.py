@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpufleet.errors import SpecError
+from gpufleet.script_file import parse_job_here
 from gpufleet.spec import MAX_GPUS_PER_JOB, JobSpec, parse_duration, parse_workers
 
 
@@ -51,8 +52,9 @@ def base(tmp_path: Path) -> dict[str, Any]:
 
 
 def problems(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every problem of the job as `run` reports it (its script looked for on disk too)."""
     with pytest.raises(SpecError) as info:
-        JobSpec.parse(data)
+        parse_job_here(data)
     return info.value.problems
 
 
@@ -84,9 +86,10 @@ def test_workers_as_a_number_is_a_fixed_range(base: dict[str, Any]) -> None:
 def test_script_is_found_relative_to_workdir(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "train.py").write_text("")
-    assert JobSpec.parse({"script": "sub/train.py", "workdir": str(tmp_path)}).script == "sub/train.py"
-    assert problems({"script": "train.py", "workdir": str(tmp_path)}) == [
-        ("script", "no such file: train.py")]
+    assert parse_job_here({"script": "sub/train.py", "workdir": str(tmp_path)}).script == "sub/train.py"
+    with pytest.raises(SpecError) as info:
+        parse_job_here({"script": "train.py", "workdir": str(tmp_path)})
+    assert info.value.problems == [("script", "no such file: train.py")]
 
 
 @pytest.mark.parametrize(("field", "value"), [("workers", "8:2"), ("workers", "a:b"),

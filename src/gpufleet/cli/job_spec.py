@@ -49,13 +49,13 @@ def job_data(file: Path | None, script: str | None, args: list[str], env: list[s
 def job_spec(file: Path | None, script: str | None, args: list[str], env: list[str],
              flags: dict[str, Any], inline: dict[str, Any],
              cluster: str | None) -> tuple[Store, JobSpec]:
-    """The job spec from the YAML file and the flags (flags win); the store, opened when a new
-    cluster's pool must be resolved."""
+    """The job spec from the YAML file and the flags (flags win), its script looked for on disk;
+    the store, opened when a new cluster's pool must be resolved."""
     from gpufleet.lifecycle.provision import with_pool
-    from gpufleet.spec import JobSpec
+    from gpufleet.script_file import parse_job_here
 
     data = job_data(file, script, args, env, flags, inline, cluster)
     st = store()
     if isinstance(data["cluster"], dict):
         data["cluster"] = with_pool(st, data["cluster"])
-    return st, JobSpec.parse(data)
+    return st, parse_job_here(data)

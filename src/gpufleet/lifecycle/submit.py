@@ -23,6 +23,7 @@ from gpufleet.lifecycle.provision import Approve, allocation, provision
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Placement
+from gpufleet.script_file import parse_job_here
 from gpufleet.spec import ClusterSpec, JobSpec
 from gpufleet.store import Cluster, Job, Store, gpufleet_home
 
@@ -113,12 +114,12 @@ def _importable(module: str) -> bool:
 
 def parse_job(store: Store, data: dict[str, Any]) -> JobSpec:
     """A job spec sent as data (the API's POST /jobs), with a new cluster's pool resolved
-    against this store as `run` resolves it."""
+    against this store as `run` resolves it, and its script looked for on this machine."""
     from gpufleet.lifecycle.provision import with_pool
 
     if isinstance(data.get("cluster"), dict):
         data = {**data, "cluster": with_pool(store, data["cluster"])}
-    return JobSpec.parse(data)
+    return parse_job_here(data)
 
 
 def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None = None,
