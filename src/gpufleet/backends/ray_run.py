@@ -41,6 +41,7 @@ from typing import Any
 from gpufleet.backends import keeper
 from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.reportauth import KEY_ENV, Signer, signer_from_env
+from gpufleet.telemetry import wire
 
 PLACE_FAILED_EXIT = 70
 READY_TIMEOUT_S = 60.0
@@ -133,8 +134,8 @@ class NodeAgent:
                     cpu.find(self.proc.pid)
                 found = cpu.sample() if cpu is not None else nvml.sample() if nvml else []
                 if found and self.signer is not None:
-                    rec = {"node": self.node, "t": time.time(),
-                           "device_samples": [[base + s.key, s.device, s.name, s.value] for s in found]}
+                    rec = wire.device_samples_record(
+                        self.node, time.time(), [(base + s.key, s.device, s.name, s.value) for s in found])
                     with contextlib.suppress(OSError):
                         sock.sendto(self.signer.seal(json.dumps(rec).encode()),
                                     (host, int(port)))

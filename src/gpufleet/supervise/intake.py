@@ -25,10 +25,10 @@ from gpufleet.supervise.goodput import Mark
 from gpufleet.supervise.notes import note_of, opt_number
 from gpufleet.supervise.progress import Report, Throughput
 from gpufleet.supervise.view import MODEL_STATE_METRICS
+from gpufleet.telemetry import wire
 from gpufleet.telemetry.recent import Recent
 from gpufleet.telemetry.schema import DEVICE_METRICS, JOB_RANK, STEP_METRIC
 
-_NOT_METRICS = ("t", "rank", "step", "total_steps", "samples_total", "pid")
 MARKS_KEPT_S = 120.0  # rank 0's reports kept for judging a resize (goodput windows are <= 30 s)
 MARKS_KEPT_MIN = 16  # and at least this many, for slow steps
 _PROGRESS = ("step", "total_steps", "samples", "loss", "first_loss", "samples_per_s",
@@ -54,6 +54,7 @@ class Intake:
         self.progress_dirty = False
         self.samples_before = 0
         self.worker_pids: dict[int, int] = {}
+        self.nodes: dict[int, str] = {}  # rank -> the node its reports came from (wire.node_of)
         # a rank's bootstrap armed (or a report came): this job reports its steps, so its
         # silence means something (the stall rules judge only such jobs)
         self.reports_expected = False
@@ -79,22 +80,23 @@ class Intake:
             return []
         try:
             rec = json.loads(payload)
-            if rec.get("event") == "bootstrap":
+            if rec.get(wire.EVENT) == wire.BOOTSTRAP:
                 self.reports_expected = True
-            if rec.get("event") == "layout":
+            if rec.get(wire.EVENT) == wire.LAYOUT:
                 return self._layout(rec)
-            if "event" in rec:
+            if wire.EVENT in rec:
                 note, record = note_of(rec, self.job.total_steps)
                 self._learn_pid(note.rank, rec.get("pid"), pid_ok)
                 return [note] if record is None else [note, record]
-            if "device_samples" in rec:
+            if wire.DEVICE_SAMPLES in rec:
                 self._samples(rec)
                 return []
-            if rec.get("src") == "bootstrap" and self.sdk_reports:
+            report = wire.read_progress(rec)
+            if report.source == wire.BOOTSTRAP and self.sdk_reports:
                 # a script that reports through the SDK on some ranks only (rank 0): the other
                 # ranks' optimizer counts would be compared with its steps; a sign of life only
-                return [WorkerNote("alive", int(rec["rank"]))]
-            return [self._report(rec, pid_ok)]
+                return [WorkerNote("alive", report.rank)]
+            return [self._report(report, pid_ok)]
         except (ValueError, TypeError, KeyError, OverflowError):
             return []
 
@@ -122,6 +124,7 @@ class Intake:
         if self.reported_loss:
             return
         self.recent.add("loss", 0, t, value)
+        node = self.nodes.get(0, wire.LOCAL)  # the log line is rank 0's
         with self.lock:
             j = self.job
             j.loss = value
@@ -130,7 +133,7 @@ class Intake:
             self.progress_dirty = True
             if math.isfinite(value):
                 self.pending.append(Metric(time=t, cluster=self.cluster.name, job=j.name,
-                                           node="local", rank=0, name="loss", value=value))
+                                           node=node, rank=0, name="loss", value=value))
 
     def dropped_note(self, now: float, final: bool = False) -> RecordEvent | None:
         """The job event about dropped datagrams, when one is due (see `rejected.note`)."""
@@ -144,10 +147,10 @@ class Intake:
     def _samples(self, rec: dict[str, Any]) -> None:
         """Device samples from a node's agent (a Ray pool), keyed by the device's position in
         the cluster and labelled node/device."""
-        node = str(rec["node"])[:32]
-        t = float(rec["t"])
+        node = wire.node_of(rec)
+        t = float(rec[wire.T])
         rows = []
-        for key, device, name, value in rec["device_samples"]:
+        for key, device, name, value in rec[wire.DEVICE_SAMPLES]:
             if name not in DEVICE_METRICS or not isinstance(value, int | float):
                 continue
             self.recent.add(name, int(key), t, float(value))
@@ -165,31 +168,24 @@ class Intake:
                 self.worker_pids.get(rank) != pid and pid_ok(pid):
             self.worker_pids[rank] = pid
 
-    def _report(self, rec: dict[str, Any], pid_ok: Callable[[int], bool]) -> Reported:
-        r = Report(t=float(rec["t"]), rank=int(rec["rank"]), step=int(rec["step"]),
-                   samples=opt_number(int, rec.get("samples")),
-                   loss=opt_number(float, rec.get("loss")),
-                   total_steps=opt_number(int, rec.get("total_steps")),
-                   samples_total=opt_number(int, rec.get("samples_total")))
-        self._learn_pid(r.rank, rec.get("pid"), pid_ok)
+    def _report(self, p: wire.Progress, pid_ok: Callable[[int], bool]) -> Reported:
+        r = Report(t=p.t, rank=p.rank, step=p.step, samples=p.samples, loss=p.loss,
+                   total_steps=p.total_steps, samples_total=p.samples_total)
+        self._learn_pid(r.rank, p.pid, pid_ok)
+        self.nodes[r.rank] = p.node
         self.reports_expected = True
-        self.sdk_reports = self.sdk_reports or rec.get("src") != "bootstrap"
+        self.sdk_reports = self.sdk_reports or p.source != wire.BOOTSTRAP
         if r.loss is not None:
             self.reported_loss = True
-        rows = []
-        for key, value in rec.items():
-            if key in MODEL_STATE_METRICS and isinstance(value, int | float):
-                self.model_state.setdefault(r.rank, {})[key] = float(value)
-            if key not in _NOT_METRICS and isinstance(value, int | float) \
-                    and not isinstance(value, bool):
-                self.recent.add(key, r.rank, r.t, float(value))  # NaN too: a diagnosis
-                if math.isfinite(value):  # SQL has no NaN; a lost sample, not a lost job
-                    rows.append(Metric(
-                        time=r.t, cluster=self.cluster.name, job=self.job.name, node="local",
-                        rank=r.rank, name=key, value=float(value)))
-        # the step too, at the same time and rank, so a chart can put any sample on a step axis
-        rows.append(Metric(time=r.t, cluster=self.cluster.name, job=self.job.name, node="local",
-                           rank=r.rank, name=STEP_METRIC, value=float(r.step)))
+        for key, value in p.metrics.items():
+            if key in MODEL_STATE_METRICS:
+                self.model_state.setdefault(r.rank, {})[key] = value
+            self.recent.add(key, r.rank, r.t, value)  # NaN too: a diagnosis
+        # SQL has no NaN: such a sample is lost, not the job. The step too, at the same time
+        # and rank, so a chart can put any sample on a step axis.
+        stored = {**p.finite_metrics, STEP_METRIC: float(r.step)}
+        rows = [Metric(time=r.t, cluster=self.cluster.name, job=self.job.name, node=p.node,
+                       rank=r.rank, name=key, value=value) for key, value in stored.items()]
         self.add_samples(rows)
         if r.rank == 0:
             self._progress(r)

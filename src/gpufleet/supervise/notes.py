@@ -8,28 +8,20 @@ from typing import Any
 
 from gpufleet.supervise import durable
 from gpufleet.supervise.events import RecordEvent, WorkerNote
+from gpufleet.telemetry.wire import EVENT, RANK, opt_number
 
 __all__ = ["note_of", "opt_number"]
-
-
-def opt_number(kind: type[int] | type[float], value: Any) -> Any:
-    """`value` as `kind`, None kept; anything else (a string, a list) raises ValueError."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"not a number: {value!r}")
-    return kind(value)
 
 
 def note_of(rec: dict[str, Any], total_steps: int | None = None
             ) -> tuple[WorkerNote, RecordEvent | None]:
     """A Checkpointer note, and the job event it is recorded as (if any). A step past the
     job's planned total (when known) raises ValueError: no real checkpoint is there."""
-    kind = str(rec["event"])
+    kind = str(rec[EVENT])
     step = opt_number(int, rec.get("step"))
     if step is not None and total_steps is not None and step > total_steps:
         raise ValueError(f"step {step} is past the job's {total_steps} steps")
-    note = WorkerNote(kind, int(rec["rank"]), step)
+    note = WorkerNote(kind, int(rec[RANK]), step)
     if kind == "checkpoint":
         size = opt_number(float, rec.get("bytes")) or 0.0
         blocked = opt_number(float, rec.get("blocked_s")) or 0.0

@@ -11,16 +11,14 @@ torchrun, a script run by hand) nothing is sent: no supervisor would accept it.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
 from typing import Any
 
 from gpufleet.reportauth import signer_from_env
+from gpufleet.telemetry import wire
 from gpufleet.train import telemetry
-
-_MAX_DATAGRAM = 8192
 
 
 class _Reporter:
@@ -30,6 +28,7 @@ class _Reporter:
         self.rank = int(os.environ.get("RANK", "0"))
         self.samples_total = 0
         self.pid = os.getpid()  # lets the supervisor find this rank's process for CPU telemetry
+        self.node = os.environ.get(wire.NODE_ENV) or None  # set per node on Ray and Slurm
         self.signer = signer_from_env(os.environ)
         raw = os.environ.get("GPUFLEET_REPORT_ADDR", "")
         host, _, port = raw.rpartition(":")
@@ -41,8 +40,8 @@ class _Reporter:
     def send(self, record: dict[str, Any]) -> None:
         if self.sock is None or self.addr is None or self.signer is None:
             return
-        data = json.dumps(record, separators=(",", ":")).encode()
-        if len(data) > _MAX_DATAGRAM:
+        data = wire.encode(record)
+        if data is None:
             return
         data = self.signer.seal(data)
         try:
@@ -92,23 +91,14 @@ def progress(step: int, *, loss: float | None = None, samples: int | None = None
         _reporter = _Reporter()
     if _reporter.sock is None:
         return
-    record: dict[str, Any] = {"t": time.time(), "rank": _reporter.rank, "step": int(step),
-                              "pid": _reporter.pid}
-    if source is not None:
-        record["src"] = source
-    if telemetry.ENABLED:
-        record.update(telemetry.COUNTERS.take(int(step)))
-    if loss is not None:
-        record["loss"] = float(loss)
+    measured = telemetry.COUNTERS.take(int(step)) if telemetry.ENABLED else {}
     if samples is not None:
-        record["samples"] = int(samples)
         _reporter.samples_total += int(samples)
-        record["samples_total"] = _reporter.samples_total
-    if total_steps is not None:
-        record["total_steps"] = int(total_steps)
-    for key, value in (metrics or {}).items():
-        record[key] = float(value)
-    _reporter.send(record)
+    _reporter.send(wire.progress_record(
+        t=time.time(), rank=_reporter.rank, pid=_reporter.pid, step=step, node=_reporter.node,
+        source=source, loss=loss, samples=samples,
+        samples_total=_reporter.samples_total if samples is not None else None,
+        total_steps=total_steps, metrics={**measured, **(metrics or {})}))
 
 
 def send_event(kind: str, **fields: Any) -> None:
@@ -117,6 +107,5 @@ def send_event(kind: str, **fields: Any) -> None:
     global _reporter
     if _reporter is None:
         _reporter = _Reporter()
-    record = {"t": time.time(), "rank": _reporter.rank, "event": kind, "pid": _reporter.pid,
-              **{k: v for k, v in fields.items() if v is not None}}
-    _reporter.send(record)
+    _reporter.send(wire.note_record(kind, t=time.time(), rank=_reporter.rank, pid=_reporter.pid,
+                                    node=_reporter.node, fields=fields))
