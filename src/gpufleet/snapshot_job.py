@@ -175,6 +175,7 @@ def _detail(db: sqlite3.Connection, name: str, now: float) -> dict[str, Any]:
         "durable_copy": durable.of_rows(events),
         "findings": _findings(db, job.id),
         "latest": _latest(db, job.name),
+        "nodes": _nodes(db, job.name),
         **timeline.of_rows(events, lambda t: _rank0_step_at(db, job.name, t)),
     }
 
@@ -221,6 +222,19 @@ def _latest(db: sqlite3.Connection, job: str) -> dict[str, dict[str, float]]:
             "SELECT name, rank, device, value FROM metrics WHERE job = ? AND time >= ? "
             "ORDER BY time", [job, newest[0] - LATEST_WINDOW_S]):
         out.setdefault(_label(rank, device), {})[name] = value  # later rows win
+    return out
+
+
+def _nodes(db: sqlite3.Connection, job: str) -> dict[str, str]:
+    """`records.nodes`: the node each series of `_latest` came from, over the same window."""
+    newest = db.execute("SELECT time FROM metrics WHERE job = ? ORDER BY time DESC LIMIT 1",
+                        [job]).fetchone()
+    if newest is None:
+        return {}
+    out = {_label(rank, device): node for rank, device, node in db.execute(
+        "SELECT rank, device, node FROM metrics WHERE job = ? AND time >= ? ORDER BY time",
+        [job, newest[0] - LATEST_WINDOW_S])}
+    out.pop("job", None)
     return out
 
 

@@ -150,6 +150,7 @@ def job_detail(store: Store, name: str, now: float) -> dict[str, Any]:
         "durable_copy": durable.of_rows(events),
         "findings": records.findings(store, j.id),
         "latest": records.latest(store, j.name),
+        "nodes": records.nodes(store, j.name),
         **lines,
     }
 

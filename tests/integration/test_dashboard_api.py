@@ -59,6 +59,7 @@ def test_api_and_metrics_follow_a_running_job(fleet: Fleet, dashboard: str) -> N
         assert set(detail["latest"]) >= {"cpu0", "cpu1", "rank 0", "rank 1"}
         assert 0 < detail["latest"]["cpu0"]["gpu_utilization"] <= 1
         assert detail["latest"]["rank 0"]["comm_seconds"] > 0  # DDP's hook measured it
+        assert detail["nodes"]["rank 1"] == detail["nodes"]["cpu0"] == "local"  # this host
 
         first = http.get("/api/jobs/api/series", params={"names": "job_samples_per_second"}).json()
         points = first["series"]["job_samples_per_second"]["job"]
@@ -96,7 +97,7 @@ def test_api_and_metrics_follow_a_running_job(fleet: Fleet, dashboard: str) -> N
     util = [v for lab, v in m["gpufleet_gpu_utilization"] if lab["gpufleet_job"] == "api"]
     assert len(util) == 2 and all(0 < v <= 1 for v in util)
     assert {lab["gpu"] for lab, _ in m["gpufleet_gpu_utilization"]} == {"cpu0", "cpu1"}
-    assert one("gpufleet_step_time_seconds", gpufleet_job="api", rank="1") > 0
+    assert one("gpufleet_step_time_seconds", gpufleet_job="api", rank="1", node="local") > 0
     # the same function priced the page and /metrics: equal up to the time between the calls
     rate = clusters[0]["usd_per_hour"]
     status = fleet.status("api")

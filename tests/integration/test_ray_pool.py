@@ -298,6 +298,8 @@ def test_two_node_ddp_gpt_through_ray_fails_fast_on_a_lost_node_and_continues(
         found = re.search(rf"node {victim} lost; replaced by node \S+ \(([\d.]+)\)",
                           replaced["reason"])
         assert found, replaced["reason"]
+        replacement = re.search(r"replaced by node (\S+) \(", replaced["reason"])
+        assert replacement, replaced["reason"]
         assert "resumed" in kinds and st["status"] == "succeeded", (st, kinds)
         assert st["step"] == 30 and st["world_size"] == 4
         assert st["loss"] < st["first_loss"] - 0.5, st  # it learned
@@ -318,13 +320,18 @@ def test_two_node_ddp_gpt_through_ray_fails_fast_on_a_lost_node_and_continues(
         assert len(plan["nodes"]) == 2 and len(heads) == 1
         endpoint = plan["nodes"][1]["argv"][plan["nodes"][1]["argv"].index("--rdzv-endpoint") + 1]
         assert endpoint.startswith(heads[0]["address"] + ":")
-        # device telemetry came from each node's agent (labelled by the node's place)
+        # device telemetry came from each node's agent, and every rank's metrics from its own
+        # reports, both labelled with the pool's node they ran on (`pool list`), not "local":
+        # the two the cluster held, then the survivor and the replacement
         store = Store(url=f"sqlite:///{rfleet.home / 'state.db'}")
         with store.read() as s:
             nodes = {n for (n,) in s.execute(sql_text(
                 "select distinct node from metrics where job='gpt2n' and name='gpu_utilization'"))}
+            rank_nodes = {n for (n,) in s.execute(sql_text(
+                "select distinct node from metrics where job='gpt2n' and name='step_time_seconds'"
+                " and rank >= 0"))}
         store.close()
-        assert nodes == {"head", "worker1"}
+        assert nodes == rank_nodes == held | {replacement.group(1)}, (nodes, rank_nodes, held)
     finally:
         ray_local.start_node(ray_pool.cfg, index)  # the pool whole again for later tests
         _wait_healthy(rfleet, NODES)

@@ -261,6 +261,10 @@ def test_two_node_gpt_recovers_from_a_killed_slurmd_with_a_new_allocation(
                      r"worker1 \(n\d\)", log), log
     assert final["loss"] < final["first_loss"], final
     assert first in replaced.split("new allocation")[1], replaced  # the survivor is kept
+    # each rank's metrics are labelled with the Slurm node it ran on (as `pool list` names it),
+    # not "local": the last run's two, the survivor among them
+    ranks = {node for label, node in final["nodes"].items() if label.startswith("rank ")}
+    assert len(ranks) == 2 and first in ranks and ranks <= set(NODES), final["nodes"]
 
 
 def test_a_failure_that_loses_no_node_restarts_in_the_same_allocation(sfleet: Fleet) -> None:

@@ -20,6 +20,7 @@ from gpufleet.launch.frameworks import Rendezvous, build
 from gpufleet.pool.model import Device, Node, Placement
 from gpufleet.spec import JobSpec
 from gpufleet.supervise.logs import split_line
+from gpufleet.telemetry.wire import NODE_ENV
 
 HEAD, WORKER = "10.0.0.1", "10.0.0.2"
 PORT = 29731
@@ -117,6 +118,14 @@ def test_simulated_devices_run_on_cpu_with_gloo() -> None:
         assert n["resources"] == {"gpufleet_gpu": 2}
         assert n["sampling"]["on_cpu"] is True
     assert [n["env"]["GPUFLEET_NODE"] for n in p["nodes"]] == ["head", "worker1"]
+
+
+def test_each_node_labels_its_reports_with_the_pools_node() -> None:
+    """The ranks' metrics and the node agent's device samples name the node as `pool list`
+    does (the placement's node), not the cluster's head/worker1 nor "local"."""
+    p = make_plan()
+    assert [n["env"][NODE_ENV] for n in p["nodes"]] == [n["node_id"] for n in p["nodes"]]
+    assert {n["env"][NODE_ENV] for n in p["nodes"]}.isdisjoint({"head", "worker1", "local"})
 
 
 def test_real_gpus_ask_ray_for_gpus() -> None:

@@ -82,7 +82,8 @@ def _history(store: Store, job_id: int, name: str) -> None:
             (NOW - 300, 0, None, "params_bytes", 1e6), (NOW - 30, 0, None, "params_bytes", 2e6),
             (NOW - 30, 1, None, "grads_bytes", 3e6), (NOW - 30, 1, None, "optimizer_bytes", 4e6)]
         for t, rank, device, metric, value in samples:
-            s.add(Metric(time=t, cluster="c1", job=name, node="n0", rank=rank, name=metric,
+            node = "worker1" if rank == 1 else "n0"  # a rank labelled with the node it ran on
+            s.add(Metric(time=t, cluster="c1", job=name, node=node, rank=rank, name=metric,
                          value=value, device=device))
         s.add(Metric(time=NOW - 30, cluster="c1", job="other", node="n0", rank=0, name="util",
                      value=0.1, device="gpu9"))
@@ -122,6 +123,7 @@ def test_an_ended_job_reads_the_same_as_through_the_store(store: Store,
     assert quick["layout"] and quick["layout"].startswith("fsdp")
     assert quick["model_state"] and quick["latest"]["gpu1"] and quick["findings"][0]["active"]
     assert quick["cluster_info"]["devices"] == ["n0/cpu0", "n0/cpu1", "n1/cpu1"]
+    assert quick["nodes"] == {"gpu0": "n0", "gpu1": "n0", "rank 0": "n0", "rank 1": "worker1"}
 
 
 @pytest.mark.parametrize("spec", [

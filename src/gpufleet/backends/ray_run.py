@@ -52,6 +52,7 @@ class NodeAgent:
     """Runs one node's torchrun inside a Ray actor on that node. Methods run one at a time."""
 
     def __init__(self, node: str, report_addr: str):
+        """`node`: the pool's node id, which labels the device samples as the ranks' reports."""
         self.node, self.report_addr = node, report_addr
         self.proc: subprocess.Popen[bytes] | None = None
         self.lifeline: int | None = None  # the write end of the keeper's lifeline, held for good
@@ -190,7 +191,7 @@ class Driver:
             self.agents.append(remote.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["ray_id"], soft=False),
                 num_cpus=0, num_gpus=gpus, resources=custom, max_restarts=0, max_concurrency=1,
-            ).remote(n["name"], self.plan["report_addr"]))
+            ).remote(n["node_id"], self.plan["report_addr"]))
         code = self._place(ray)
         if code is not None:
             return code

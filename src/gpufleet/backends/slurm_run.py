@@ -224,7 +224,7 @@ def node_main(index: int, plan_path: Path) -> int:
     stdout (srun carries them to the driver), ended with the step."""
     plan = json.loads(plan_path.read_text())
     n = plan["nodes"][index]
-    agent = NodeAgent(n["name"], plan["report_addr"])
+    agent = NodeAgent(n["node_id"], plan["report_addr"])
     stopping = threading.Event()
 
     def on_signal(_sig: int, _frame: object) -> None:

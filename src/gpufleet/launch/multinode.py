@@ -14,6 +14,7 @@ from gpufleet.launch.torchrun import JobContext
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Node, Placement
 from gpufleet.spec import JobSpec
+from gpufleet.telemetry.wire import NODE_ENV
 
 PYTHON = "{python}"  # the node's own interpreter, filled in by its agent
 
@@ -36,7 +37,9 @@ def plan(spec: JobSpec, layout: Layout, placements: list[Placement], nodes: dict
         rdzv = frameworks.Rendezvous(nnodes=len(placements), node_rank=i,
                                      endpoint=f"{head}:{port}", run_id=run_id, local_addr=p.address)
         cmd = frameworks.build(spec, layout, p, node_ctx, port=port, rdzv=rdzv)
-        env = {**cmd.env, "GPUFLEET_NODE": name, **user_env}
+        # GPUFLEET_NODE: the node's name in the cluster (ssh, log lines); GPUFLEET_NODE_ID: the
+        # pool's node (`pool list`), which the ranks' reports and device samples are labelled with
+        env = {**cmd.env, "GPUFLEET_NODE": name, NODE_ENV: p.node_id, **user_env}
         if loopback:  # nodes on 127.x addresses of one machine: gloo's pairs stay on lo
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         on_cpu = env.get("GPUFLEET_DEVICE") == "cpu"

@@ -62,6 +62,22 @@ def latest(store: Store, job: str, window_s: float = 30.0) -> dict[str, dict[str
     return out
 
 
+def nodes(store: Store, job: str, window_s: float = 30.0) -> dict[str, str]:
+    """The node each series of `latest` came from (label -> node, as the cluster names it:
+    "local" on this host, head, worker1... on Ray and Slurm), over the same window."""
+    with store.read() as s:
+        newest = s.execute(select(Metric.time).where(Metric.job == job)
+                           .order_by(Metric.time.desc()).limit(1)).scalar()
+        if newest is None:
+            return {}
+        rows = s.execute(select(Metric.rank, Metric.device, Metric.node)
+                         .where(Metric.job == job, Metric.time >= newest - window_s)
+                         .order_by(Metric.time)).all()
+    out = {label(rank, device): node for rank, device, node in rows}  # later rows win
+    out.pop("job", None)  # the job's own figures ran on no one node
+    return out
+
+
 def rank0_step_at(store: Store, job: str, t: float) -> float | None:
     """The step rank 0 had reported at `t` (its newest `step` sample at or before it), or None
     before its first report: where a moment sits on a chart's step axis."""

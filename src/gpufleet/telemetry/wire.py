@@ -12,9 +12,10 @@ One JSON object per UDP datagram (signed with the job's key, `reportauth`), of t
 
 The builders below are what the senders call and `read_progress` is what the supervisor
 (`supervise/intake.py`) calls, so a key cannot be spelled two ways. `node` is the node the
-rank ran on as its cluster names it (head, worker1, ...: `$GPUFLEET_NODE`, which the multi-node
-engines set per node, the name a node agent labels its device samples with); a rank on this
-host sends none and reads back as `LOCAL`. A leaf, stdlib only: workers import it.
+rank ran on as its pool names it in `pool list` (a Ray node's label, a Slurm node's name):
+`$GPUFLEET_NODE_ID`, which the multi-node engines set per node (`launch/multinode.py`), and the
+label a node agent gives its device samples. A rank on this host sends none and reads back as
+`LOCAL`. A leaf, stdlib only: workers import it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_DATAGRAM = 8192  # bytes of JSON, before the signature; a longer record is not sent
-NODE_ENV = "GPUFLEET_NODE"
+NODE_ENV = "GPUFLEET_NODE_ID"
 LOCAL = "local"  # the node label of a rank on this host
 NODE_CHARS = 32  # a node label is cut to this many characters
 

@@ -77,15 +77,17 @@ class StoreCollector(Collector):
                 fam("job_findings", [*job_labels, "severity"]).add_metric([*jl, sev], n)
             if not running:  # its devices and ranks are no longer its: no readings of them
                 continue
+            nodes = records.nodes(self.store, j.name)
             for series_label, values in records.latest(self.store, j.name).items():
+                node = nodes.get(series_label, "local")
                 for name, value in values.items():
                     scope = scope_of(name)
                     if series_label.startswith("rank "):
                         fam(name, [*job_labels, "node", "rank"]).add_metric(
-                            [*jl, "local", series_label[5:]], value)
+                            [*jl, node, series_label[5:]], value)
                     elif scope == "device":
                         fam(name, [*job_labels, "node", "gpu", "gpu_type"]).add_metric(
-                            [*jl, "local", series_label, c.gpu], value)
+                            [*jl, node, series_label, c.gpu], value)
         yield from fams.values()
 
 
