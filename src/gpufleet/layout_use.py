@@ -1,5 +1,6 @@
 """Whether gpufleet applied a job's layout, or the script ran as written: what a job records
-and shows. Pure and stdlib-only (the fast `status` path reads it without Pydantic).
+and shows. Pure and stdlib-only but for `vocab`, a leaf (the fast `status` path reads it
+without Pydantic).
 
 A layout is gpufleet's only when the script calls `gpufleet.train.prepare`; anything else runs
 as the script wrote it, whatever flags were given. The worker bootstrap tells which at the first
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from typing import Any
+
+from gpufleet.vocab import ACCELERATE_STRATEGIES
 
 
 class Seen(StrEnum):
@@ -50,7 +53,7 @@ def flags_given(spec_json: str) -> bool:
     if framework == "deepspeed":
         return True
     meshed = any(isinstance(spec.get(d), int) and spec[d] > 1 for d in ("tp", "pp"))
-    if framework == "accelerate" and not meshed and strategy in ("ddp", "fsdp", "zero2", "zero3"):
+    if framework == "accelerate" and not meshed and strategy in ACCELERATE_STRATEGIES:
         return False  # Accelerate applies these (and the precision) from gpufleet's config
     return meshed or strategy != "ddp" or spec.get("precision") not in (None, "fp32")
 

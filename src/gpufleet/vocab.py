@@ -28,6 +28,8 @@ NETWORKS: tuple[str, ...] = get_args(Network)
 # The strategies that say how the data-parallel dimension shares the model (tp and pp fill the
 # other dimensions and leave data parallelism to plain DDP).
 DATA_PARALLEL: tuple[str, ...] = ("ddp", "fsdp", "zero1", "zero2", "zero3")
+# What Accelerate's generated config carries itself (FSDP2 or DDP; no ZeRO-1, no tp/pp mesh).
+ACCELERATE_STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "zero2", "zero3")
 IN_NODE_NETWORKS: tuple[str, ...] = ("pcie", "nvlink", "nvswitch")
 INTER_NODE_NETWORKS: tuple[str, ...] = ("infiniband", "ethernet")
 NVLINK_NETWORKS: tuple[str, ...] = ("nvlink", "nvswitch")  # GPU-to-GPU links inside a node

@@ -42,6 +42,7 @@ def test_the_spec_models_allow_exactly_the_vocabulary(model: type[typing.Any], f
 
 def test_the_subsets_are_drawn_from_their_lists() -> None:
     assert set(vocab.DATA_PARALLEL) < set(vocab.STRATEGIES)
+    assert set(vocab.ACCELERATE_STRATEGIES) < set(vocab.DATA_PARALLEL)
     assert set(vocab.IN_NODE_NETWORKS) | set(vocab.INTER_NODE_NETWORKS) == set(vocab.NETWORKS)
     assert not set(vocab.IN_NODE_NETWORKS) & set(vocab.INTER_NODE_NETWORKS)
     assert set(vocab.NVLINK_NETWORKS) < set(vocab.IN_NODE_NETWORKS)

@@ -19,6 +19,7 @@ from enum import StrEnum
 from pathlib import PurePath
 
 from gpufleet.spec import JobSpec
+from gpufleet.vocab import ACCELERATE_STRATEGIES
 
 
 class Setup(StrEnum):
@@ -151,7 +152,7 @@ def _accelerate_applies(spec: JobSpec) -> bool:
     """Whether Accelerate's generated config carries the whole layout (see
     frameworks.accelerate_config: FSDP2 or DDP, mixed precision; no tp/pp mesh, no ZeRO-1)."""
     meshed = (spec.tp or 1) > 1 or (spec.pp or 1) > 1 or spec.strategy in ("tp", "pp")
-    return not meshed and spec.strategy in ("ddp", "fsdp", "zero2", "zero3")
+    return not meshed and spec.strategy in ACCELERATE_STRATEGIES
 
 
 def warnings(found: ScriptScan, spec: JobSpec) -> list[ScriptWarning]:
