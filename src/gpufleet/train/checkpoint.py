@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from gpufleet.train.prepared import record_of
+from gpufleet.train.record import record_of
 
 
 def inner_optimizer(optimizer: Any) -> Any:

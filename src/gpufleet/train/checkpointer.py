@@ -45,7 +45,7 @@ from gpufleet.train import ckpt_files as files
 from gpufleet.train import ckpt_modes
 from gpufleet.train.checkpoint import apply_model_state, engine_of, inner_optimizer, model_state
 from gpufleet.train.ckpt_copy import TURN_TIMEOUT_S, DurableCopier
-from gpufleet.train.prepared import record_of
+from gpufleet.train.record import record_of
 from gpufleet.train.report import send_event
 
 CONTROL_ENV = "GPUFLEET_CONTROL_FILE"

@@ -18,7 +18,7 @@ adds a gradient scaler. The training loop stays the same for every strategy:
 Without pipeline parallelism, `loss = loss_fn(model(x), y); loss.backward()` works as well.
 
 This module is the SDK's face (`prepare` and the loop's calls); the record it keeps is in
-`prepared.py`, each method of splitting the model in `strategies.py`, precision in
+`record.py`, each method of splitting the model in `strategies.py`, precision in
 `precision.py`.
 """
 
@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 from gpufleet.parallelism import Layout
 from gpufleet.train.data import shard_loader
 from gpufleet.train.precision import StepOptimizer, apply_precision
-from gpufleet.train.prepared import RECORD, LossFn, Prepared, prepared, record_of
+from gpufleet.train.record import RECORD, LossFn, Prepared, prepared, record_of
 from gpufleet.train.strategies import (
     build_schedule,
     data_parallel,

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from gpufleet.train import telemetry
-from gpufleet.train.prepared import Prepared
+from gpufleet.train.record import Prepared
 
 _DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from gpufleet.parallelism import Layout
 from gpufleet.train import telemetry
 from gpufleet.train.data import shard_loader
-from gpufleet.train.prepared import RECORD, LossFn, Prepared
+from gpufleet.train.record import RECORD, LossFn, Prepared
 
 
 def deepspeed(model: nn.Module, optimizer: Any, loader: DataLoader[Any] | None,

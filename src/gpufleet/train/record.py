@@ -1,5 +1,8 @@
 """What `prepare` built for one model, tied to the model it returned: the record every other
-part of the SDK (the loop, the checkpoints) looks up. No process group is touched here."""
+part of the SDK (the loop, the checkpoints) looks up. No process group is touched here.
+
+(Not named `prepared.py`: `gpufleet.train.prepared` is the SDK's function, which a submodule of
+that name would shadow once imported.)"""
 
 from __future__ import annotations
 
