@@ -9,6 +9,7 @@ import typing
 import pytest
 
 from gpufleet import vocab
+from gpufleet.plan.recommend import DP_STRATEGIES
 from gpufleet.preflight import FRAMEWORK_STRATEGIES
 from gpufleet.spec import ClusterSpec, JobSpec
 from gpufleet.spec_plan import PlanSpec
@@ -43,6 +44,7 @@ def test_the_spec_models_allow_exactly_the_vocabulary(model: type[typing.Any], f
 def test_the_subsets_are_drawn_from_their_lists() -> None:
     assert set(vocab.DATA_PARALLEL) < set(vocab.STRATEGIES)
     assert set(vocab.ACCELERATE_STRATEGIES) < set(vocab.DATA_PARALLEL)
+    assert set(DP_STRATEGIES) <= set(vocab.DATA_PARALLEL)  # what the planner tries
     assert set(vocab.IN_NODE_NETWORKS) | set(vocab.INTER_NODE_NETWORKS) == set(vocab.NETWORKS)
     assert not set(vocab.IN_NODE_NETWORKS) & set(vocab.INTER_NODE_NETWORKS)
     assert set(vocab.NVLINK_NETWORKS) < set(vocab.IN_NODE_NETWORKS)
