@@ -23,6 +23,9 @@ from typing import Any
 
 import pytest
 from fleet_helpers import EXAMPLES, ROOT, WORKERS, Fleet, error_lines
+from sqlalchemy import text as sql_text
+
+from gpufleet.store import Store
 
 SCRIPT = ROOT / "scripts" / "test-slurm"
 NODES = ("n1", "n2", "n3")
@@ -262,9 +265,14 @@ def test_two_node_gpt_recovers_from_a_killed_slurmd_with_a_new_allocation(
     assert final["loss"] < final["first_loss"], final
     assert first in replaced.split("new allocation")[1], replaced  # the survivor is kept
     # each rank's metrics are labelled with the Slurm node it ran on (as `pool list` names it),
-    # not "local": the last run's two, the survivor among them
-    ranks = {node for label, node in final["nodes"].items() if label.startswith("rank ")}
-    assert len(ranks) == 2 and first in ranks and ranks <= set(NODES), final["nodes"]
+    # not "local": both of the first allocation's, then the survivor and its new partner
+    store = Store(url=f"sqlite:///{sfleet.home / 'state.db'}")
+    with store.read() as s:
+        ranks = {n for (n,) in s.execute(sql_text(
+            "select distinct node from metrics where job='g' and name='step_time_seconds' "
+            "and rank >= 0"))}
+    store.close()
+    assert {first, second} < ranks <= set(NODES), ranks
 
 
 def test_a_failure_that_loses_no_node_restarts_in_the_same_allocation(sfleet: Fleet) -> None:
