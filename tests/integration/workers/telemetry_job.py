@@ -2,7 +2,9 @@
 
 --data-delay S   every batch takes S seconds to load (a slow data pipeline)
 --straggle S     rank --straggle-rank spends S extra seconds computing each step
---stall-after N  after step N every rank sleeps --stall-s seconds without reporting
+--stall-after N  after step N every rank sleeps --stall-s seconds without reporting, or, with
+                 --stall-gate FILE, until FILE exists (the test makes it once it has seen the
+                 stall diagnosed, so no supervisor slowed by load can miss a short stall)
 --oom-after N    after step N rank 1 caps its address space and allocates past it (the CPU
                  allocator's own out-of-memory error)
 --timeout-after N  after step N rank 1 sleeps past the process group's timeout while rank 0
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import resource
 import time
+from pathlib import Path
 
 import psutil
 import torch
@@ -55,6 +58,7 @@ def main() -> None:
     p.add_argument("--straggle-rank", type=int, default=1)
     p.add_argument("--stall-after", type=int, default=0)
     p.add_argument("--stall-s", type=float, default=0.0)
+    p.add_argument("--stall-gate", type=Path, default=None)
     p.add_argument("--oom-after", type=int, default=0)
     p.add_argument("--timeout-after", type=int, default=0)
     p.add_argument("--pg-timeout", type=float, default=600.0)
@@ -88,6 +92,8 @@ def main() -> None:
                      total_steps=args.steps)
         if step == args.stall_after:
             time.sleep(args.stall_s)
+            while args.stall_gate is not None and not args.stall_gate.exists():
+                time.sleep(0.2)
         if step == args.oom_after and ctx.rank == 1:
             _, hard = resource.getrlimit(resource.RLIMIT_AS)
             cap = psutil.Process().memory_info().vms + (1 << 30)
