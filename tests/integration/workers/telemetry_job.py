@@ -10,6 +10,10 @@
 --timeout-after N  after step N rank 1 sleeps past the process group's timeout while rank 0
                  waits in an all-reduce (gloo reports the collective timing out)
 --wide D         model width: a wide model and a tiny batch make communication dominate
+--sync-mb M      with more than one worker, every step also all-reduces an M MB buffer: a job
+                 that communicates many times what it computes, so it scales poorly by a factor
+                 (on loopback an all-reduce moves memory about as fast as an optimizer step,
+                 so a model's own gradients alone make communication a margin, not a factor)
 --lr / --precision-nan: a learning rate high enough that fp16 overflows
 """
 
@@ -63,6 +67,7 @@ def main() -> None:
     p.add_argument("--timeout-after", type=int, default=0)
     p.add_argument("--pg-timeout", type=float, default=600.0)
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--sync-mb", type=float, default=0.0)
     args = p.parse_args()
 
     ctx = train.setup(timeout_s=args.pg_timeout)
@@ -74,6 +79,7 @@ def main() -> None:
     loader = DataLoader(Slow(n, args.dim, args.data_delay, args.batch), batch_size=args.batch,
                         shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(0))
     model, optim, loader = train.prepare(model, optim, loader, loss_fn=F.mse_loss)
+    synced = torch.zeros(int(args.sync_mb * 2**20) // 4)  # float32
     batches = iter(())
     for step in range(1, args.steps + 1):
         try:
@@ -82,6 +88,8 @@ def main() -> None:
             batches = iter(loader)
             x, y = next(batches)
         loss = train.forward_backward(model, x, y)
+        if args.sync_mb and ctx.world_size > 1:
+            dist.all_reduce(synced)
         if ctx.rank == args.straggle_rank and args.straggle:
             time.sleep(args.straggle)
         optim.step()
