@@ -170,6 +170,12 @@ class Fleet:
             return (s.get("step") or 0) >= step and s["status"] == "running"
         return self._poll(job, reached, timeout, proc)
 
+    def wait_for(self, job: str, done: Callable[[dict[str, Any]], bool],
+                 timeout: float = 120.0) -> dict[str, Any]:
+        """Wait until `done` holds for the job's `status --json` (it is also handed the
+        peek's partial dict, so it must read keys with .get)."""
+        return self._poll(job, done, timeout)
+
     def wait_ended(self, job: str, timeout: float = 120.0) -> dict[str, Any]:
         """Wait until the job has a final status; its `status --json` then."""
         return self._poll(job, lambda s: s["status"] not in ACTIVE, timeout)

@@ -30,8 +30,9 @@ def test_busy_and_idle_workers_are_told_apart() -> None:
         assert set(sampler.pids) == {0, 1}
         sampler.sample()  # starts the CPU interval
         # A series of intervals, judged by their best: a spinning worker gets the share of a core
-        # the machine's load leaves it (0.42 next to two other busy processes on 2 cores), a
-        # sleeping one none at all, whatever the load; so the verdict is relative.
+        # the machine's load leaves it (0.42 next to two other busy processes on 2 cores, about
+        # 2/L at a load average of L: 0.11 at 18), a sleeping one none at all, whatever the
+        # load; so the verdict is relative, above one clock tick (0.02 of 0.5 s) at least twice.
         series = []
         for _ in range(5):
             time.sleep(0.5)
@@ -40,7 +41,7 @@ def test_busy_and_idle_workers_are_told_apart() -> None:
         busy = max(g[("cpu0", "gpu_utilization")] for g in series)
         idle = max(g[("cpu1", "gpu_utilization")] for g in series)
         assert idle < 0.05, series
-        assert busy > 0.15 and busy > 5 * idle, series
+        assert busy > 0.04 and busy > 5 * idle, series
         assert got[("cpu0", "gpu_memory_used_bytes")] > 1 << 20
         assert got[("cpu1", "gpu_memory_total_bytes")] == 1 << 30
     finally:

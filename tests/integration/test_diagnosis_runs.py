@@ -3,11 +3,17 @@
 tests/unit/test_diagnose.py pins the rules' thresholds on synthetic series; these runs show the
 whole path works: the worker SDK measures, the supervisor samples and diagnoses, the store keeps
 the finding, `status --json` and the events report it.
+
+The speed rules judge medians of recorded series against thresholds (a straggler is 1.25x its
+peers' busy time), and CI runs two modules on two cores, so every provoked effect here is many
+times its threshold: a busy machine can slow any rank, but not by a factor. A stall is held until
+the test has seen it diagnosed (a gate file), since the supervisor diagnoses only every 5 s.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,10 +29,10 @@ CASES: list[tuple[str, list[str], list[str], dict[str, str], str, str, str]] = [
      "can't allocate memory"),
     ("timeout", [], ["--steps", "100", "--timeout-after", "5", "--pg-timeout", "3"], {},
      "comm_timeout", "critical", "Timed out"),
-    ("straggler", [], ["--steps", "120", "--straggle", "0.05"], {}, "straggler", "warning",
+    # rank 1 sleeps 0.2 s a step where its peer computes in about 2 ms (idle) to 40 ms (loaded):
+    # at least 5x, against a threshold of 1.25x
+    ("straggler", [], ["--steps", "80", "--straggle", "0.2"], {}, "straggler", "warning",
      "Rank 1"),
-    ("stall", [], ["--steps", "30", "--stall-after", "10", "--stall-s", "12"],
-     {"GPUFLEET_STALL_AFTER_S": "4"}, "stalled", "critical", "last step 10"),
     ("fp16", ["--precision", "fp16-mixed"], ["--steps", "200", "--lr", "1e4"], {}, "precision",
      "warning", "non-finite loss"),
 ]
@@ -47,10 +53,37 @@ def test_a_provoked_problem_is_diagnosed(fleet: Fleet, case: tuple[Any, ...]) ->
     assert any(e["kind"] == "diagnosis" and f["title"] in e["reason"] for e in status["events"])
 
 
+def test_a_stall_is_diagnosed_while_it_lasts(fleet: Fleet, tmp_path: Path) -> None:
+    """Every rank stops reporting after step 10 until the test has seen the job diagnosed as
+    stalled (4 s without a step is a stall here); then the job goes on and succeeds."""
+    gate = tmp_path / "go"
+    r = fleet("run", "-d", JOB, "--gpu", "cpu", "--count", "2", "--name", "stall", "-y", "--",
+              "--steps", "30", "--stall-after", "10", "--stall-gate", str(gate),
+              env={"GPUFLEET_STALL_AFTER_S": "4"})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    def stalled(s: dict[str, Any]) -> bool:  # at the gate: a pause elsewhere is not this stall
+        return any(f["rule"] == "stalled" and "last step 10" in f["detail"]
+                   for f in s.get("findings") or [])
+
+    status = fleet.wait_for("stall", stalled, timeout=150)
+    gate.touch()
+    f = next(f for f in status["findings"] if f["rule"] == "stalled")
+    assert f["severity"] == "critical" and f["fix"]
+    assert status["step"] == 10 and status["status"] == "running", status
+    done = fleet.wait_ended("stall", timeout=150)
+    assert done["status"] == "succeeded" and done["step"] == 30, done
+    assert any(e["kind"] == "diagnosis" and f["title"] in e["reason"] for e in done["events"])
+
+
 def test_poor_scaling_against_a_one_worker_run_of_the_same_script(fleet: Fleet) -> None:
-    """A wide model in batches of one: each step all-reduces 17 MB for almost no compute. One
-    worker sets the yardstick; two then scale far below 70%."""
-    args = ["--", "--steps", "400", "--wide", "2048", "--batch", "1"]
+    """Each step of a tiny model also all-reduces a 256 MB buffer (--sync-mb): one worker sets
+    the yardstick (milliseconds a step), two then take a third of a second a step or more.
+    Poor by a factor, not a margin: on a machine loaded far beyond two CPU burners a lone
+    worker's step took 70 ms for 5 ms of work, and a 32 MB buffer then scaled at 66-137%.
+    Both runs use one thread a worker, so the yardstick and the pair use the cores alike."""
+    args = ["--env", "OMP_NUM_THREADS=1", "--", "--steps", "80", "--batch", "8", "--sync-mb",
+            "256"]
     fleet.ok("run", JOB, "--gpu", "cpu", "--count", "1", "--name", "one", "-y", *args,
              timeout=150)
     fleet.ok("run", JOB, "--gpu", "cpu", "--count", "2", "--name", "two", "-y", *args,

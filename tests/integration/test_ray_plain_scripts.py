@@ -9,21 +9,39 @@ from __future__ import annotations
 
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 from fleet_helpers import WORKERS, Fleet, tracebacks_not_rays
 
 RUN_TIMEOUT = 300
 STEPS = 20
-# 0.1 s a step: long enough for the sampler (once a second) to see each rank train, and more
-# than the bootstrap's 0.05 s batching, so every step up to the last is reported
+# 0.1 s a step: more than the bootstrap's 0.05 s batching, so every step up to the last is
+# reported
 ARGS = ["--max_steps", str(STEPS), "--sleep", "0.1"]
 
 
 def run_on_ray(fleet: Fleet, name: str, script: str, *flags: str,
                args: list[str] = ARGS) -> subprocess.CompletedProcess[str]:
-    r = fleet("run", str(WORKERS / script), "--gpu", "cpu", "--count", "2", "--name", name,
-              "--framework", "ray", "-y", *flags, "--", *args, timeout=RUN_TIMEOUT)
+    """Run the script through Ray; its ranks wait after step 1 (--gate) until the sampler has
+    recorded a device row for each, so no load can end the job before they are found."""
+    gate = fleet.cwd / f"{name}.gate"
+    proc = fleet.popen("run", str(WORKERS / script), "--gpu", "cpu", "--count", "2", "--name",
+                       name, "--framework", "ray", "-y", *flags, "--", *args, "--gate",
+                       str(gate))
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while proc.poll() is None and time.monotonic() < deadline:
+            if _both_ranks_sampled(fleet.home, name):
+                break
+            time.sleep(0.5)
+        gate.touch()
+        out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # ours, by pid
+            proc.communicate()
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
     assert tracebacks_not_rays(r.stdout + r.stderr) == []
     assert "initialize the default process group twice" not in r.stdout + r.stderr
@@ -39,6 +57,15 @@ def device_rows(home: Path, job: str) -> dict[int, list[tuple[str, float]]]:
     for rank, device, value in rows:
         out.setdefault(rank, []).append((device, value))
     return out
+
+
+def _both_ranks_sampled(home: Path, job: str) -> bool:
+    if not (home / "state.db").exists():
+        return False
+    try:
+        return set(device_rows(home, job)) >= {0, 1}
+    except sqlite3.Error:  # the store not made yet, or busy: look again
+        return False
 
 
 def assert_trained_with_telemetry(fleet: Fleet, name: str, steps: int | None = STEPS) -> None:

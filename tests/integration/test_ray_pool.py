@@ -115,6 +115,22 @@ def _wait_healthy(fleet: Fleet, count: int, timeout: float = 90.0) -> None:
     pytest.fail(f"the Ray pool did not get back to {count} healthy nodes: {_nodes(fleet)}")
 
 
+def _wait_free(fleet: Fleet, names: set[str] | None = None,
+               timeout: float = 90.0) -> list[dict[str, Any]]:
+    """The nodes (all, or `names`) once every healthy one among them shows all its devices
+    free. A stop frees the store's holds at once, but Ray hands a placement group's resources
+    back in its own time (seconds on a loaded machine), so one look could count them still
+    held; a node Ray reports not alive shows nothing free, which is Ray's word, not a hold."""
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = [n for n in _nodes(fleet) if names is None or n["node"] in names]
+        if all(n["free"] == PER_NODE for n in nodes if n["health"] == "ok"):
+            return nodes
+        if time.monotonic() > deadline:
+            pytest.fail(f"the nodes' devices were not freed in {timeout:.0f} s: {nodes}")
+        time.sleep(1.0)
+
+
 def _events(fleet: Fleet, job: str) -> list[dict[str, Any]]:
     return fleet.json("status", job, "--json").get("events", [])
 
@@ -263,7 +279,7 @@ def test_launch_gang_allocates_whole_nodes_and_refuses_with_the_reason(rfleet: F
     # which is Ray's word, not a hold: CI once saw that here
     after = [n for n in _nodes(rfleet) if n["node"] in used]
     assert after and all(not n["held_by"] for n in after), after
-    assert all(n["free"] == PER_NODE for n in after if n["health"] == "ok"), after
+    _wait_free(rfleet, set(used))
 
 
 # ------------------------------------------------------------------------------ jobs
@@ -293,7 +309,10 @@ def test_two_node_ddp_gpt_through_ray_fails_fast_on_a_lost_node_and_continues(
         kinds = [e["kind"] for e in events]
         failed = next(e for e in events if e["kind"] == "worker_failed")
         assert f"NodeLostError: node {victim}" in failed["reason"]
-        assert failed["time"] - killed_at < 30, "the job noticed the lost node too late"
+        # Ray declares a node dead after missed health checks, later on a loaded machine: the
+        # bound catches a job that never noticed (it would wait for its hang timeout, 5 min)
+        noticed = failed["time"] - killed_at
+        assert noticed < 120, f"the job noticed the lost node {noticed:.0f} s after the kill"
         replaced = next(e for e in events if e["kind"] == "node_replaced")
         found = re.search(rf"node {victim} lost; replaced by node \S+ \(([\d.]+)\)",
                           replaced["reason"])
@@ -337,7 +356,7 @@ def test_two_node_ddp_gpt_through_ray_fails_fast_on_a_lost_node_and_continues(
         _wait_healthy(rfleet, NODES)
     # the cluster made for the job is gone, its nodes free again
     assert not rfleet.clusters()
-    assert all(n["free"] == PER_NODE for n in _nodes(rfleet))
+    assert len(_wait_free(rfleet)) == NODES
 
 
 # ------------------------------------------------------------------------------ sim pools

@@ -167,7 +167,8 @@ def test_reconcile_ends_workers_when_the_keeper_died_too(fleet: Fleet) -> None:
     assert worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE, \
         "precondition: the orphaned worker lives on by itself"
     assert fleet.status("both")["status"] == "interrupted"
-    assert wait_no_leftovers(fleet.home, timeout=2.0) == [], "reconcile ended the worker"
+    # a wait, not a bound: a worker reconcile missed is still there after 30 s
+    assert wait_no_leftovers(fleet.home, timeout=30) == [], "reconcile ended the worker"
 
 
 def test_launcher_gets_one_sigterm_when_a_threaded_parent_is_killed(tmp_path: Path) -> None:

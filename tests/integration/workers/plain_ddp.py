@@ -1,10 +1,12 @@
 """An ordinary DDP script that knows nothing of gpufleet: DataLoader with DistributedSampler,
 DDP, an optimizer, a printed loss. Options: --max_steps N, --sleep S (per step), --fail-at N
-(rank --fail-rank raises RuntimeError at step N), --print-every N."""
+(rank --fail-rank raises RuntimeError at step N), --print-every N, --gate FILE (after step 1
+every rank waits until FILE exists: a test makes it once it has seen what it waits for)."""
 
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -15,6 +17,7 @@ from torch.utils.data.distributed import DistributedSampler
 p = argparse.ArgumentParser()
 p.add_argument("--max_steps", type=int, default=20)
 p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--gate", type=Path, default=None)
 p.add_argument("--fail-at", type=int, default=0)
 p.add_argument("--fail-rank", type=int, default=1)
 p.add_argument("--print-every", type=int, default=1)
@@ -46,6 +49,8 @@ while step < a.max_steps:
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
         if a.sleep:
             time.sleep(a.sleep)
+        while step == 1 and a.gate is not None and not a.gate.exists():
+            time.sleep(0.1)
         if step >= a.max_steps:
             break
 dist.destroy_process_group()

@@ -3,11 +3,13 @@ joins the default process group itself (it creates it under torchrun, and uses t
 there under Ray Train), then DDP over the mesh with a DataLoader and SGD. Each rank prints its
 rank, the world size and the mesh shape; at the end rank 0 says whether every rank holds the
 same parameters (they do only if the ranks really trained together). Options: --max_steps N,
---sleep S (per step)."""
+--sleep S (per step), --gate FILE (after step 1 every rank waits until FILE exists: a test
+makes it once it has seen what it waits for)."""
 
 import argparse
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -19,6 +21,7 @@ from torch.utils.data.distributed import DistributedSampler
 p = argparse.ArgumentParser()
 p.add_argument("--max_steps", type=int, default=20)
 p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--gate", type=Path, default=None)
 a = p.parse_args()
 
 world = int(os.environ["WORLD_SIZE"])
@@ -44,6 +47,8 @@ while step < a.max_steps:
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
         if a.sleep:
             time.sleep(a.sleep)
+        while step == 1 and a.gate is not None and not a.gate.exists():
+            time.sleep(0.1)
         if step >= a.max_steps:
             break
 flat = torch.cat([q.detach().flatten() for q in model.parameters()])
