@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from gpufleet import durable_copy
 from gpufleet.backends.base import RunRequest
 from gpufleet.errors import AllocationError, GpufleetError
 from gpufleet.launch.torchrun import JobContext, worker_env
@@ -21,7 +22,7 @@ from gpufleet.lifecycle import clusters, engine_alloc, jobs, leftovers
 from gpufleet.reportauth import KEY_ENV
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Job
-from gpufleet.supervise import durable, elastic, outcome
+from gpufleet.supervise import elastic, outcome
 from gpufleet.supervise import events as ev
 from gpufleet.supervise.logs import LogSink
 
@@ -241,9 +242,9 @@ class Effects:
             else None
         tail = None if sink is None else sink.failure(sup.cluster.nodes == 1)
         status, reason = outcome.final(state.ending, asked, jobs.STOP_REQUESTED, tail)
-        copy = durable.state((e.kind, e.reason) for e in jobs.events(sup.store, sup.job.id))
+        copy = durable_copy.state((e.kind, e.reason) for e in jobs.events(sup.store, sup.job.id))
         if copy is not None and copy.behind:  # the last word of the history, next to the status
-            jobs.add_event(sup.store, sup.job.id, durable.CopyEvent.BEHIND,
+            jobs.add_event(sup.store, sup.job.id, durable_copy.CopyEvent.BEHIND,
                            f"the job ended with the durable copy at {copy.text}")
         jobs.transition(sup.store, sup.job.id, status, reason, fields=fields)  # unless final
         sup.job = jobs.get(sup.store, sup.job.name)

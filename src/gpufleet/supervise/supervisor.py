@@ -42,7 +42,7 @@ from gpufleet.telemetry.log_progress import total_steps_in
 
 FLUSH_EVERY_S = 0.25  # reports reach the store (and the dashboard) at most this late
 _opt = opt_number  # its older name
-__all__ = ["Supervisor", "elastic_plan", "main"]
+__all__ = ["Supervisor", "main"]
 
 
 class Supervisor:
