@@ -27,7 +27,7 @@ from gpufleet.backends.base import Backend
 from gpufleet.lifecycle import jobs
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.reportauth import new_key
-from gpufleet.store import Cluster, Job, Metric, Store
+from gpufleet.store import Cluster, Job, Store
 from gpufleet.supervise import events as ev
 from gpufleet.supervise import machine, report_port
 from gpufleet.supervise.actions import Effects
@@ -49,7 +49,8 @@ __all__ = ["Supervisor", "main"]
 
 class Supervisor:
     """One job's supervisor: the machine's state, and the I/O around it (the backend's process
-    tree, the report socket, the logs, the store). `run()` drives it to the job's end."""
+    tree, the report socket, the logs, the store), whose state is its `run_state`. `run()`
+    drives it to the job's end."""
 
     def __init__(self, store: Store, job: Job, cluster: Cluster, backend: Backend,
                  on_tick: Callable[[JobView], None] | None = None,
@@ -91,13 +92,6 @@ class Supervisor:
     @property
     def workers(self) -> int:
         return self.state.workers
-
-    @property
-    def model_state(self) -> dict[int, dict[str, float]]:
-        return self.run_state.intake.model_state
-
-    def add_samples(self, rows: list[Metric]) -> None:
-        self.run_state.intake.add_samples(rows)
 
     def view(self, now: float | None = None) -> JobView:
         run = self.run_state
