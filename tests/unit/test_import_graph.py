@@ -8,6 +8,7 @@ under `if TYPE_CHECKING:` are not run and are not counted.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -47,11 +48,17 @@ def _imports(tree: ast.AST, typing_too: bool = False) -> list[tuple[str, list[st
     return found
 
 
+@functools.cache
+def _trees() -> dict[str, ast.Module]:
+    """Every module of src/, parsed once for all the graphs below."""
+    return {_module_name(p): ast.parse(p.read_text(), str(p)) for p in SRC.rglob("*.py")}
+
+
 def import_graph(typing_too: bool = False) -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+    modules = _trees()
     graph: dict[str, set[str]] = {m: set() for m in modules}
-    for name, path in modules.items():
-        for target, names in _imports(ast.parse(path.read_text(), str(path)), typing_too):
+    for name, tree in modules.items():
+        for target, names in _imports(tree, typing_too):
             if target not in modules:
                 continue
             subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]
