@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet import cluster_row
+from gpufleet import cluster_row, durable_copy
 from gpufleet.lifecycle.status import JOB_ACTIVE
 from gpufleet.parallelism import LayoutError, resolve
 from gpufleet.snapshot import SCHEMA_VERSION, Declined, read_only
-from gpufleet.supervise import durable, timeline
-from gpufleet.supervise.view import MODEL_STATE_METRICS, job_view
-from gpufleet.telemetry.schema import JOB_RANK, STEP_METRIC
+from gpufleet.supervise import timeline
+from gpufleet.supervise.view import job_view
+from gpufleet.telemetry.schema import JOB_RANK, MODEL_STATE_METRICS, STEP_METRIC
 
 ACTIVE = tuple(str(s) for s in JOB_ACTIVE)
 LATEST_WINDOW_S = 30.0  # telemetry.records.latest's default window
@@ -172,7 +172,7 @@ def _detail(db: sqlite3.Connection, name: str, now: float) -> dict[str, Any]:
         "now": now,
         "cluster_info": _cluster_info(db, c, now),
         "events": events,
-        "durable_copy": durable.of_rows(events),
+        "durable_copy": durable_copy.of_rows(events),
         "findings": _findings(db, job.id),
         "latest": _latest(db, job.name),
         "nodes": _nodes(db, job.name),

@@ -13,13 +13,13 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from gpufleet import cluster_row
+from gpufleet import cluster_row, durable_copy
 from gpufleet.errors import GpufleetError, NotFoundError
 from gpufleet.lifecycle import clusters, jobs, pools, reconcile
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.pool.model import Node, Placement
 from gpufleet.store import Cluster, Event, Job, Store
-from gpufleet.supervise import durable, timeline
+from gpufleet.supervise import timeline
 from gpufleet.supervise.view import JobView, job_view
 from gpufleet.telemetry import records
 
@@ -147,7 +147,7 @@ def job_detail(store: Store, name: str, now: float) -> dict[str, Any]:
         "now": now,
         "cluster_info": cluster_dict(store, c, now),
         "events": events,
-        "durable_copy": durable.of_rows(events),
+        "durable_copy": durable_copy.of_rows(events),
         "findings": records.findings(store, j.id),
         "latest": records.latest(store, j.name),
         "nodes": records.nodes(store, j.name),

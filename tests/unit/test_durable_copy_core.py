@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.supervise import durable
+from gpufleet import durable_copy
 from gpufleet.supervise.notes import note_of
 from gpufleet.train import ckpt_files as files
 from gpufleet.train import ckpt_modes
@@ -157,20 +157,20 @@ FULL = {"event": "checkpoint_copy_failed", "why": "No space left on device"}
 
 def test_the_durable_copy_is_behind_after_a_failed_copy_until_a_later_one_works() -> None:
     behind = events({**COPIED, "step": 10}, {**COPIED, "step": 20}, {**FULL, "step": 30})
-    copy = durable.state([("checkpoint", "step 30 saved"), *behind])
+    copy = durable_copy.state([("checkpoint", "step 30 saved"), *behind])
     assert copy is not None and copy.behind
     assert copy.text == "step 20 (behind: step 30 failed: No space left on device)"
     assert copy.as_dict() == {"step": 20, "failed_step": 30, "why": "No space left on device",
                               "behind": True, "text": copy.text}
-    caught_up = durable.state([*behind, *events({**FULL, "step": 40}, {**COPIED, "step": 50})])
-    assert caught_up == durable.DurableCopy(50) and caught_up.text == "step 50"
-    assert durable.state(events({**FULL, "step": 10})) == \
-        durable.DurableCopy(None, 10, "No space left on device")
+    caught_up = durable_copy.state([*behind, *events({**FULL, "step": 40}, {**COPIED, "step": 50})])
+    assert caught_up == durable_copy.DurableCopy(50) and caught_up.text == "step 50"
+    assert durable_copy.state(events({**FULL, "step": 10})) == \
+        durable_copy.DurableCopy(None, 10, "No space left on device")
 
 
 def test_no_copy_events_means_no_durable_copy_to_speak_of() -> None:
-    assert durable.state([("checkpoint", "step 10 saved"), ("resumed", "from step 10")]) is None
-    assert durable.of_rows([]) is None
+    assert durable_copy.state([("checkpoint", "step 10 saved"), ("resumed", "from step 10")]) is None
+    assert durable_copy.of_rows([]) is None
 
 
 def test_restrict_after_rank_0_renamed_the_partial_folder_on_shared_storage(tmp_path: Path) -> None:

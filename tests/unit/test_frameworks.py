@@ -27,7 +27,7 @@ from gpufleet.launch.frameworks import (
     with_micro_batch,
 )
 from gpufleet.launch.ray_train import _RankPrefix
-from gpufleet.launch.torchrun import worker_env
+from gpufleet.launch.run_env import worker_env
 from gpufleet.parallelism import Layout, resolve
 from gpufleet.pool.model import Placement
 from gpufleet.spec import JobSpec

@@ -4,7 +4,8 @@ processes `reconcile` ends as a dead supervisor's leftovers."""
 from __future__ import annotations
 
 from gpufleet.backends.keeper import descendants, parent_of
-from gpufleet.lifecycle.leftovers import ProcessInfo, RunIdentity, belongs, identity_env, of_run
+from gpufleet.launch.run_env import identity_env
+from gpufleet.lifecycle.leftovers import ProcessInfo, RunIdentity, belongs, of_run
 
 RUN = RunIdentity("train-1a2b", "/home/u/.gpufleet/jobs/train-1a2b", 4242)
 

@@ -1,6 +1,6 @@
 """The billing ledger on a real SQLite store, with runs opened and closed by the functions the
 job and cluster lifecycles call (`lifecycle.job_runs`): a job's rows always add up to the cost
-every screen shows (`supervise.view.job_cost_usd`), a cluster's rows to its cost (`list`), to
+every screen shows (`plan.billing.job_cost_usd`), a cluster's rows to its cost (`list`), to
 the micro-dollar; idle time is the owner's; a new row opens when the rate, the book or the month
 changes; usage groups add up to the total exactly."""
 
@@ -16,9 +16,9 @@ from sqlalchemy import select
 
 from gpufleet.lifecycle import clusters, job_runs, ledger
 from gpufleet.lifecycle.status import JobStatus
+from gpufleet.plan.billing import job_cost_usd
 from gpufleet.plan.cost import accrued_usd
 from gpufleet.store import Cluster, Job, LedgerRow, Store, User
-from gpufleet.supervise.view import job_cost_usd
 
 FEB = float(calendar.timegm((2030, 2, 1, 0, 0, 0)))  # a UTC month start
 T0 = FEB - 10 * 3600.0  # ten hours before it

@@ -12,10 +12,11 @@ from gpufleet.backends.local import cpu_slot_count
 from gpufleet.errors import SpecError
 from gpufleet.lifecycle import jobs
 from gpufleet.plan import billing
+from gpufleet.plan.billing import job_cost_usd
 from gpufleet.spec import JobSpec
 from gpufleet.store import Cluster, Job, Store
 from gpufleet.supervise.progress import Report, Throughput
-from gpufleet.supervise.view import job_cost_usd, seconds_per_step
+from gpufleet.supervise.view import seconds_per_step
 
 RATE = 3.6  # $/hour: one cent per 10 seconds
 

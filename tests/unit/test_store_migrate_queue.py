@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import inspect, select
 
 from gpufleet.lifecycle import accounts, ledger, listing
+from gpufleet.plan.billing import job_cost_usd
 from gpufleet.plan.cost import accrued_usd
 from gpufleet.store import Cluster, Job, Store
-from gpufleet.supervise.view import job_cost_usd
 
 DUMP = Path(__file__).parent / "data" / "state-before-queue.sql"
 NEW_TABLES = {"queue", "users", "teams", "budgets", "quotas", "audit", "ledger"}

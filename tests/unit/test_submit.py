@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet import durable_copy
 from gpufleet.errors import SpecError
 from gpufleet.lifecycle.submit import check_pool_job, first_world, resume_note
 from gpufleet.spec import JobSpec
 from gpufleet.store import Cluster, Event, Job, Store
-from gpufleet.supervise import durable
 
 HERE = Path(__file__).resolve()
 
@@ -84,7 +84,7 @@ def test_resume_of_a_copy_at_a_url_names_the_step_its_events_say_was_copied(
         s.add(job)
         s.flush()
         s.add(Event(job_id=job.id, time=1.0, kind="checkpoint_copied",
-                    reason=durable.copied_text(40, "s3://b/kr/step-00000040")))
+                    reason=durable_copy.copied_text(40, "s3://b/kr/step-00000040")))
     got = resume_note(store, job, _spec(checkpoint_to="s3://b/kr"))
     assert got.startswith("from gpufleet's checkpoint at step 40 (s3://b/kr)")
     store.close()

@@ -108,10 +108,9 @@ def _foreground(st: Store, job: Job, cluster: Cluster,
     """Supervise the job in this process with a live view; (final job, ended by Ctrl-C)."""
     from rich.live import Live
 
-    from gpufleet import ui
+    from gpufleet import durable_copy, ui
     from gpufleet.cli.terminal import unechoed
     from gpufleet.lifecycle import jobs, runs
-    from gpufleet.supervise import durable
 
     last_line = [0.0]
 
@@ -137,7 +136,7 @@ def _foreground(st: Store, job: Job, cluster: Cluster,
                                          on_line=on_line)
     try:
         out.print(ui.summary_table(sup.view()))
-        copy = durable.state((e.kind, e.reason) for e in jobs.events(st, final.id))
+        copy = durable_copy.state((e.kind, e.reason) for e in jobs.events(st, final.id))
         if copy is not None:
             out.print(ui.durable_line(copy.as_dict()))
         out.print(f"Logs: gpufleet logs {final.name}   (per rank: {final.job_dir}/logs)")

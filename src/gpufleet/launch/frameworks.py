@@ -29,7 +29,8 @@ import yaml
 
 from gpufleet.bootstrap import SITE_DIR
 from gpufleet.launch.env import device_env
-from gpufleet.launch.torchrun import LOG_PREFIX_TEMPLATE, JobContext, env_changes, worker_env
+from gpufleet.launch.run_env import worker_env
+from gpufleet.launch.torchrun import LOG_PREFIX_TEMPLATE, JobContext, env_changes
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Placement
 from gpufleet.spec import JobSpec
@@ -240,7 +241,7 @@ def describe(commands: list[tuple[str, NodeCommand]], job_dir: Path,
              caller: Mapping[str, str] | None = None, user: dict[str, str] | None = None) -> str:
     """A plain-text dry run: per node, the command, its environment and each file. With the
     `caller`'s environment (a job on this host, whose supervisor starts from it) and the job's
-    own `user` variables, the environment is what the workers get (`torchrun.worker_env`, as
+    own `user` variables, the environment is what the workers get (`run_env.worker_env`, as
     the supervisor builds it), shown where it differs from the caller's; else (another node's
     agent starts it over that node's environment) what gpufleet adds."""
     lines: list[str] = []

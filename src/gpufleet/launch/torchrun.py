@@ -1,5 +1,5 @@
 """What every launcher shares: where a job runs, torchrun's per-rank log prefix, and how gpufleet's
-environment layers over the caller's.
+environment layers over the caller's (`merge_env`; a run's whole environment is `run_env`'s).
 
 Commands are argument lists only: nothing goes through a shell, so a cluster name or a script
 argument cannot inject a command.
@@ -17,8 +17,6 @@ _RANK_IDENTITY = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
                   "GPUFLEET_BOOTSTRAP_PID"}
 _FORCED = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED",
            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"}
-# the server's database URL (its password) and a CLI's server and token: not the workers' business
-NOT_FOR_WORKERS = ("GPUFLEET_DB", "GPUFLEET_SERVER", "GPUFLEET_TOKEN")
 
 
 @dataclass(frozen=True)
@@ -52,14 +50,6 @@ def merge_env(base: dict[str, str], gpufleet: dict[str, str], user: dict[str, st
         rest = user.get("PYTHONPATH", base.get("PYTHONPATH", ""))
         merged["PYTHONPATH"] = ":".join(p for p in (gpufleet["PYTHONPATH"], rest) if p)
     return merged
-
-
-def worker_env(caller: Mapping[str, str], gpufleet: dict[str, str],
-               user: dict[str, str]) -> dict[str, str]:
-    """The whole environment a job's worker group starts with, from the environment of the
-    process that starts it (`caller`): what the supervisor passes to the backend's `start`,
-    and what `run --dry-run` shows, so the two cannot differ."""
-    return merge_env({k: v for k, v in caller.items() if k not in NOT_FOR_WORKERS}, gpufleet, user)
 
 
 def env_changes(caller: Mapping[str, str], env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:

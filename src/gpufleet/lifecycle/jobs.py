@@ -17,6 +17,7 @@ from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, Job
 from gpufleet.slot_words import devices_shown
 from gpufleet.spec import JobSpec, check_name
 from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
+from gpufleet.telemetry.schema import MODEL_STATE_METRICS
 
 ACTIVE = JOB_ACTIVE
 FINAL = JOB_FINAL
@@ -240,8 +241,6 @@ def model_state(store: Store, job_name: str) -> dict[int, dict[str, float]]:
 def model_states(store: Store, names: list[str]) -> dict[str, dict[int, dict[str, float]]]:
     """`model_state` of each of `names` (job -> rank -> bytes), in one query for all of them;
     a job that reported none is left out."""
-    from gpufleet.supervise.view import MODEL_STATE_METRICS
-
     out: dict[str, dict[int, dict[str, float]]] = {}
     with store.read() as s:
         for at in range(0, len(names), 500):

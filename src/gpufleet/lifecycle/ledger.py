@@ -9,7 +9,7 @@ open row while the rate, the book, the calendar month and the time run on, in a 
 any of them changes (an interval that spans a UTC month start is cut there). So:
 
 - a cluster's rows add up to its cost as `list` and `stop` show it, to the micro-dollar;
-- a job's rows add up to its cost as every screen shows it (`supervise.view.job_cost_usd`),
+- a job's rows add up to its cost as every screen shows it (`plan.billing.job_cost_usd`),
   over all its runs: a resume on a new cluster, restarts, resizes, a supervisor killed before
   anything was booked (its run is closed by `reconcile` from what is stored);
 - idle rows (no job) are billed to the cluster's owner (who launched it or whose job it was

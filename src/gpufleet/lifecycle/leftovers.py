@@ -3,10 +3,10 @@
 The keeper (backends/keeper.py) ends a run's tree when its supervisor dies. This is the second
 line, for when the kill took the keeper out too (kill -9 of the whole tree but a worker, an OOM
 kill of both): whoever reconciles the job next ends every process of ours that still carries the
-run's identity in its environment. Each process of a run has it, because the supervisor passes
-it to the keeper and everything below inherits it: the job's folder and name, and the pid of
-the supervisor that started the run, so a later run of the same job (`run --resume`, under a
-new supervisor) is never mistaken for the dead one's leftovers.
+run's identity in its environment (`launch.run_env.identity_env`). Each process of a run has
+it, because the supervisor passes it to the keeper and everything below inherits it: the job's
+folder and name, and the pid of the supervisor that started the run, so a later run of the
+same job (`run --resume`, under a new supervisor) is never mistaken for the dead one's leftovers.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import psutil
 
-SUPERVISOR_VAR = "GPUFLEET_SUPERVISOR_PID"
+from gpufleet.launch.run_env import SUPERVISOR_VAR
+
 GRACE_S = 3.0  # SIGTERM, then SIGKILL this many seconds later
 
 
@@ -37,12 +38,6 @@ class ProcessInfo:
     pid: int
     uid: int
     environ: Mapping[str, str]
-
-
-def identity_env(job_name: str, job_dir: str, supervisor_pid: int) -> dict[str, str]:
-    """The variables `belongs` looks for (the job's name and folder are set by the launch plan)."""
-    return {"GPUFLEET_JOB": job_name, "GPUFLEET_JOB_DIR": job_dir,
-            SUPERVISOR_VAR: str(supervisor_pid)}
 
 
 def belongs(environ: Mapping[str, str], run: RunIdentity) -> bool:

@@ -18,9 +18,9 @@ from sqlalchemy import false, select, true
 from gpufleet.lifecycle import jobs
 from gpufleet.lifecycle.accounts import Identity
 from gpufleet.lifecycle.status import QueueStatus
+from gpufleet.plan import billing
 from gpufleet.sched.model import Wait
 from gpufleet.store import Cluster, Job, QueuedJob, Store
-from gpufleet.supervise.view import job_cost_usd
 
 RECENT_S = 24 * 3600.0
 HIDDEN = "(hidden)"  # another user's job name, as a user sees it (no job name has parentheses)
@@ -72,7 +72,7 @@ def job_row(j: Job, c: Cluster, e: QueuedJob | None, now: float) -> dict[str, An
             "cluster": c.name, "pool": c.pool or "local",
             "submitted_at": e.submitted_at if e else j.created_at,
             "started_at": j.started_at, "ended_at": j.ended_at,
-            "cost_usd": job_cost_usd(j, c, now),
+            "cost_usd": billing.job_cost_usd(j, c, now),
             "time_limit_s": e.time_limit_s if e else None,
             "step": j.step, "total_steps": j.total_steps, "hidden": False}
 

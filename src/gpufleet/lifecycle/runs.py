@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from gpufleet.errors import ConflictError, NotFoundError
+from gpufleet.launch import run_env
 from gpufleet.lifecycle import clusters, jobs, reconcile
 from gpufleet.lifecycle.provision import backend_of
 from gpufleet.lifecycle.status import JobStatus
@@ -37,16 +38,8 @@ def start_detached(store: Store, job: Job, cpu_slots: int | None = None,
     caller did (`cpu_slots`), for an elastic job growing its cluster. `environ`: the
     environment to start it in (a queued job's submitting shell), else this process's; the
     state folder and database are always this process's."""
-    env = dict(os.environ if environ is None else environ)
-    for key in ("GPUFLEET_HOME", "GPUFLEET_DB"):
-        if key in os.environ:
-            env[key] = os.environ[key]
-        else:
-            env.pop(key, None)
-    env.pop("GPUFLEET_SERVER", None)
-    env.pop("GPUFLEET_TOKEN", None)
-    if cpu_slots is not None:
-        env["GPUFLEET_CPU_SLOTS"] = str(cpu_slots)
+    env = run_env.supervisor_env(os.environ if environ is None else environ, os.environ,
+                                 cpu_slots)
     with open(Path(job.job_dir) / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpufleet.supervise.supervisor", job.name], env=env,

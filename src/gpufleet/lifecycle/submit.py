@@ -7,10 +7,11 @@ the supervisor is `lifecycle.runs`; nothing here prints or asks.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ def check_pool_job(spec: JobSpec, kind: str | None, nodes: int) -> None:
 def first_world(spec: JobSpec, devices: int, cluster: str, nodes: int = 1) -> int:
     """Workers the job starts with: one per device (or --workers-per-node), or for an elastic
     job the largest size in its range that the cluster's devices allow."""
-    from gpufleet.supervise.supervisor import elastic_plan
+    from gpufleet.supervise.elastic import elastic_plan
 
     if spec.worker_range is None:
         return spec.workers_per_node * nodes if spec.workers_per_node else devices
@@ -206,10 +207,10 @@ def engine_lines(store: Store, spec: JobSpec, cspec: ClusterSpec | None,
 
 
 def resume_note(store: Store, job: Job, spec: JobSpec) -> str:
-    """What resuming `job` starts from (`restarts.resume_words`): gpufleet's newest complete
+    """What resuming `job` starts from (`resume_words`): gpufleet's newest complete
     checkpoint of it, in its folder or its durable folder, or the newest step its events say
     was copied to a durable URL (not listed here: that would be a network call)."""
-    from gpufleet.supervise import durable, restarts
+    from gpufleet import durable_copy
     from gpufleet.train import ckpt_files
 
     found = [(step, str(path)) for step, path in
@@ -218,11 +219,26 @@ def resume_note(store: Store, job: Job, spec: JobSpec) -> str:
         found += [(step, str(path)) for step, path in
                   ckpt_files.complete(Path(spec.checkpoint_to))]
     elif spec.checkpoint_to:
-        copy = durable.state((e.kind, e.reason) for e in jobs.events(store, job.id))
+        copy = durable_copy.state((e.kind, e.reason) for e in jobs.events(store, job.id))
         if copy is not None and copy.step is not None:
             found.append((copy.step, spec.checkpoint_to))
     newest = max(found, key=lambda f: f[0], default=None)
-    return restarts.resume_words(newest, [spec.script, *spec.args], spec.workdir or ".")
+    return resume_words(newest, [spec.script, *spec.args], spec.workdir or ".")
+
+
+def resume_words(newest: tuple[int, str] | None, command: Sequence[str], workdir: str) -> str:
+    """What `run --resume` will start from, said before it starts, as plainly as a restart's
+    note (`supervise.restarts.resumes_from`): `newest` is gpufleet's newest checkpoint of the
+    job (step, where), which its Checkpointer loads. Without one gpufleet resumes nothing: the
+    script runs again with the arguments it was first given, so it starts from scratch unless
+    those make it load files of its own (nanoGPT's `init_from`, a tutorial's snapshot file)."""
+    if newest is not None:
+        step, where = newest
+        return (f"from gpufleet's checkpoint at step {step} ({where}), or the one before it if "
+                "that one is found damaged")
+    return ("gpufleet holds no checkpoint of it: the script runs again as first started, "
+            f"{shlex.join(command)} in {workdir}, and starts from scratch unless it resumes "
+            "from files of its own")
 
 
 def resume(store: Store, name: str, approve: Approve, cpu_slots: int | None = None,

@@ -81,6 +81,14 @@ def job_micro(job: Billed, c: Meter, now: float) -> int:
     return done + meter_micro(c, now) - job.run_from_micro_usd
 
 
+def job_cost_usd(job: Billed, c: Meter, now: float) -> float:
+    """What the job cost in dollars, over all its runs on every cluster it ran on: exactly its
+    ledger rows; `c` is the cluster it is on now. A cluster made for the job is the job's from
+    its start to its stop; on a cluster launched apart, the time before and after the job is
+    the cluster's idle time (`list` shows the cluster's whole cost). Every screen's job cost."""
+    return job_micro(job, c, now) / MICRO
+
+
 def run_start(c: Meter, now: float, fresh: bool) -> tuple[float, int]:
     """When a run that begins at `now` on `c` starts, and the meter's reading then; `fresh`: the
     cluster was made for this run of its job, which so counts from the cluster's first second."""

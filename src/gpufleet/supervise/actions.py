@@ -11,126 +11,134 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
+from gpufleet import durable_copy
 from gpufleet.backends.base import RunRequest
 from gpufleet.errors import AllocationError, GpufleetError
-from gpufleet.launch.torchrun import JobContext, worker_env
-from gpufleet.lifecycle import clusters, engine_alloc, jobs, leftovers
-from gpufleet.reportauth import KEY_ENV
+from gpufleet.launch import run_env
+from gpufleet.launch.torchrun import JobContext
+from gpufleet.lifecycle import clusters, engine_alloc, jobs
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Job
-from gpufleet.supervise import durable, elastic, outcome
+from gpufleet.supervise import elastic, outcome
 from gpufleet.supervise import events as ev
-from gpufleet.supervise.logs import LogSink
-
-if TYPE_CHECKING:
-    from gpufleet.supervise.supervisor import Supervisor
+from gpufleet.supervise.logs import LogSink, pump
+from gpufleet.supervise.run_state import RunState
+from gpufleet.supervise.state import State
+from gpufleet.supervise.telemetry import TelemetryState
 
 HEAL_WAIT_S = 600.0  # how long a heal waits in Slurm's queue for a new allocation
 
 
 class Effects:
-    """The supervisor's hands: `do(action)` for each action `machine.step` returns."""
+    """The supervisor's hands: `do(action)` for each action `machine.step` returns. It changes
+    the job's `RunState` (never the supervisor), starts and stops `telemetry` with each run of
+    the workers, and asks `stopping` whether the job is being stopped (the output reader stops
+    echoing lines then)."""
 
-    def __init__(self, sup: Supervisor):
-        self.sup = sup
+    def __init__(self, run: RunState, telemetry: TelemetryState, stopping: Callable[[], bool]):
+        self.run, self.telemetry, self.stopping = run, telemetry, stopping
         self.last_flush = self.last_tick = 0.0
         self.free_cache: tuple[float, int] | None = None
 
     def do(self, action: ev.Action) -> None:
-        sup = self.sup
+        run = self.run
         match action:
             case ev.StartWorkers():
                 self.start(action)
             case ev.EndWorkers(grace_s=grace):
-                sup.end_workers(grace)
+                self.end_workers(grace)
             case ev.Transition():
-                jobs.transition(sup.store, sup.job.id, action.status, action.reason,
+                jobs.transition(run.store, run.job.id, action.status, action.reason,
                                 fields=dict(action.fields) or None)
-                sup.job.status = action.status
-                for key, value in action.fields.items():
-                    setattr(sup.job, key, value)
+                run.job_moved(action.status, action.fields)
             case ev.RecordEvent(kind=kind, text=text):
-                jobs.add_event(sup.store, sup.job.id, kind, text)
+                jobs.add_event(run.store, run.job.id, kind, text)
             case ev.RequestWorkers():
                 control = self.control_path()
                 tmp = control.with_name("control.json.tmp")
                 tmp.write_text(json.dumps({"seq": action.seq, "action": action.action}))
                 os.replace(tmp, control)
             case ev.Resize():
-                sup.follow_ups.append(self.resize(action))
+                run.then(self.resize(action))
             case ev.Heal():
-                sup.follow_ups.append(self.heal())
+                run.then(self.heal())
             case ev.Wait(seconds=seconds):
-                sup.backoff_until = time.monotonic() + seconds
+                run.back_off_until(time.monotonic() + seconds)
             case ev.Say(text=text):
-                sup.lines.say(f"gpufleet: {text}")
+                run.lines.say(f"gpufleet: {text}")
             case ev.NewLogRun(note=note):
-                if sup.sink is not None:
-                    sup.sink.new_run(note)
+                if run.sink is not None:
+                    run.sink.new_run(note)
             case ev.Finish():
                 pass  # the loop ends; `finish` records the outcome after the clean-up
 
     # -- a run of the workers -------------------------------------------------------------------
     def start(self, action: ev.StartWorkers) -> None:
-        sup = self.sup
-        assert sup.sink is not None and sup.sock is not None
-        job_dir = Path(sup.job.job_dir)
-        sup.intake.new_run()
-        placements = clusters.placements(sup.store, sup.cluster)
+        run = self.run
+        assert run.sink is not None and run.sock is not None
+        job_dir = Path(run.job.job_dir)
+        run.intake.new_run()
+        placements = clusters.placements(run.store, run.cluster)
         placement = dataclasses.replace(placements[0],
                                         devices=placements[0].devices[: action.workers])
-        spec = sup.spec
-        if sup.policy is not None:
+        spec = run.spec
+        if run.policy is not None:
             spec = spec.model_copy(update={"workers_per_node": action.workers})
-        host, port = sup.sock.getsockname()[:2]
+        host, port = run.sock.getsockname()[:2]
         ctx = JobContext(
-            job_name=sup.job.name, cluster_name=sup.cluster.name, job_dir=job_dir,
-            report_addr=f"{host}:{port}", fabric=sup.cluster.network, python=sys.executable,
+            job_name=run.job.name, cluster_name=run.cluster.name, job_dir=job_dir,
+            report_addr=f"{host}:{port}", fabric=run.cluster.network, python=sys.executable,
             host_cpus=os.cpu_count() or 1,
         )
-        survive = self.survive_env(job_dir, action)
-        prepared = sup.backend.prepare(RunRequest(
+        survive = run_env.survive_env(
+            job_dir, action.run, spec.checkpoint_to,
+            None if run.policy is None else elastic.grad_accum(run.policy, action.workers))
+        prepared = run.backend.prepare(RunRequest(
             spec=spec, layout=spec.layout(action.workers), placements=placements,
             workers=action.workers, ctx=ctx, job_dir=job_dir,
-            run_id=f"{sup.job.name}-{action.run}", survive_env=survive,
-            cluster_name=sup.cluster.name, cluster_devices=sup.cluster.count,
-            engine_ref=sup.cluster.engine_ref or ""))
+            run_id=f"{run.job.name}-{action.run}", survive_env=survive,
+            cluster_name=run.cluster.name, cluster_devices=run.cluster.count,
+            engine_ref=run.cluster.engine_ref or ""))
         # who started the run: `reconcile` ends only this supervisor's leftovers, not a resumed run
-        mine = leftovers.identity_env(sup.job.name, sup.job.job_dir, os.getpid())
-        env = worker_env(os.environ, {**prepared.env, **survive, **mine}, spec.env)
-        env[KEY_ENV] = sup.report_key  # after the user's env, and not in command.json
+        mine = run_env.identity_env(run.job.name, run.job.job_dir, os.getpid())
+        env = run_env.workers_env(os.environ, prepared.env, survive, mine, spec.env,
+                                  run.report_key)
         for file_name, content in prepared.files.items():  # framework configs, a plan
             (job_dir / file_name).write_text(content)
         (job_dir / "command.json").write_text(json.dumps({"argv": prepared.argv,
                                                           "env": prepared.env}, indent=1))
         for stale in (self.control_path(), Path(f"{self.control_path()}.exited")):
             stale.unlink(missing_ok=True)  # requests to earlier workers (or an earlier supervisor)
-        sup.sink.run_started(time.time())  # its error records are the files written after
-        sup.handle = sup.backend.start(prepared.argv, env, Path(spec.workdir or "."))
-        sup.follow_ups.append(ev.WorkersStarted())
-        sup.reader = threading.Thread(target=sup.read_output, args=(sup.handle, sup.sink),
-                                      daemon=True)
-        sup.reader.start()
-        sup.telemetry.start(sup.handle, placement, env, sup.sink,
-                            sample=sup.backend.capabilities.samples_devices)
+        run.sink.run_started(time.time())  # its error records are the files written after
+        handle = run.backend.start(prepared.argv, env, Path(spec.workdir or "."))
+        assert handle.stdout is not None
+        reader = threading.Thread(target=pump, args=(handle.stdout, run.sink, run.lines,
+                                                     self.stopping), daemon=True)
+        run.workers_started(handle, reader)
+        run.then(ev.WorkersStarted())
+        reader.start()
+        self.telemetry.start(handle, placement, env, run.sink,
+                             sample=run.backend.capabilities.samples_devices)
 
-    def survive_env(self, job_dir: Path, action: ev.StartWorkers) -> dict[str, str]:
-        """Where checkpoints go and how the supervisor asks for one, for `train.Checkpointer`."""
-        sup = self.sup
-        env = {"GPUFLEET_CHECKPOINT_DIR": str(job_dir / "checkpoints"),
-               "GPUFLEET_CONTROL_FILE": str(job_dir / "control.json"),
-               "GPUFLEET_RUN": str(action.run)}
-        if sup.spec.checkpoint_to:
-            env["GPUFLEET_CHECKPOINT_TO"] = sup.spec.checkpoint_to
-        if sup.policy is not None:
-            env["GPUFLEET_GRAD_ACCUM"] = str(elastic.grad_accum(sup.policy, action.workers))
-        return env
+    def end_workers(self, grace_s: float) -> None:
+        """Stop sampling and end this run's process tree (a stopped process too: SIGKILL
+        reaches it where SIGTERM waits for a SIGCONT)."""
+        run = self.run
+        self.telemetry.stop()
+        handle = run.handle
+        if handle is not None and run.backend.poll(handle) is None:
+            run.backend.kill_tree(handle, grace_s=grace_s)
+        run.backend.end_orphans()
+        if run.reader is not None:
+            run.reader.join(timeout=5)
+        run.workers_ended()
 
     def control_path(self) -> Path:
-        return Path(self.sup.job.job_dir) / "control.json"
+        return Path(self.run.job.job_dir) / "control.json"
 
     def acknowledged(self) -> int | None:
         """The request number the workers' file says they exited for (in case the datagram
@@ -143,18 +151,19 @@ class Effects:
     # -- reshaping the cluster ------------------------------------------------------------------
     def heal(self) -> ev.Healed:
         """Replace the nodes the backend says were lost (or unhealthy), or go on without them."""
-        sup = self.sup
-        lost = sup.backend.lost_nodes(Path(sup.job.job_dir))
-        if sup.backend.capabilities.allocates:
+        run = self.run
+        lost = run.backend.lost_nodes(Path(run.job.job_dir))
+        if run.backend.capabilities.allocates:
             notes = self.reallocate(lost)
         else:
             nodes = [dataclasses.replace(n, healthy=False) if n.id in lost else n
-                     for n in sup.backend.discover()]
-            sup.cluster, notes = clusters.heal(sup.store, sup.cluster, nodes)
-        if sup.spec.workers_per_node is None:
-            workers = sup.cluster.count
+                     for n in run.backend.discover()]
+            healed, notes = clusters.heal(run.store, run.cluster, nodes)
+            run.cluster_changed(healed)
+        if run.spec.workers_per_node is None:
+            workers = run.cluster.count
         else:
-            workers = sup.spec.workers_per_node * sup.cluster.nodes
+            workers = run.spec.workers_per_node * run.cluster.nodes
         return ev.Healed(workers, tuple(notes))
 
     def reallocate(self, lost: set[str]) -> list[str]:
@@ -162,11 +171,11 @@ class Effects:
         allocation ended), give the allocation back and ask for the same shape without the
         lost nodes (a replacement node, at once, rather than Slurm's requeue, which waits out
         its requeue delay); failing that, for the nodes left. Otherwise keep it."""
-        sup = self.sup
-        c = sup.cluster
-        engine = cast(engine_alloc.Allocating, sup.backend)
-        mine = {p.node_id for p in clusters.placements(sup.store, c)}
-        bad = (lost | {n.id for n in sup.backend.discover() if not n.healthy}) & mine or lost
+        run = self.run
+        c = run.cluster
+        engine = cast(engine_alloc.Allocating, run.backend)
+        mine = {p.node_id for p in clusters.placements(run.store, c)}
+        bad = (lost | {n.id for n in run.backend.discover() if not n.healthy}) & mine or lost
         held = engine.job(c.engine_ref) if c.engine_ref else None
         if not bad and held is not None and held.running:
             return []  # a failure that lost no node: the next run uses the same allocation
@@ -181,7 +190,7 @@ class Effects:
         for i, want in enumerate(shapes):
             try:
                 got = engine_alloc.grant(engine, c.name, c.gpu, per * want, want, c.network,
-                                         left, lambda t: sup.lines.say(f"gpufleet: {t}"),
+                                         left, lambda t: run.lines.say(f"gpufleet: {t}"),
                                          c.user or "", exclude=tuple(sorted(bad)),
                                          deadline_s=HEAL_WAIT_S)
             except AllocationError as exc:
@@ -190,7 +199,7 @@ class Effects:
                 raise AllocationError(f"node(s) {', '.join(sorted(bad))} lost and Slurm gives "
                                       f"no new allocation: {exc}") from None
             try:
-                sup.cluster = clusters.regrant(sup.store, c.id, got.nodes, got.ref)
+                run.cluster_changed(clusters.regrant(run.store, c.id, got.nodes, got.ref))
             except BaseException:
                 engine.cancel(got.ref)
                 raise
@@ -202,56 +211,55 @@ class Effects:
 
     def resize(self, action: ev.Resize) -> ev.Resized:
         """Change the reservation of a cluster made for this job (a shared one: within it)."""
-        sup = self.sup
+        run = self.run
         self.free_cache = None
-        if sup.cluster.for_job != sup.job.name:
+        if run.cluster.for_job != run.job.name:
             return ev.Resized(action.target)
         try:
-            sup.cluster = clusters.resize(sup.store, sup.cluster.id, action.target,
-                                          sup.backend.discover())
+            run.cluster_changed(clusters.resize(run.store, run.cluster.id, action.target,
+                                                run.backend.discover()))
         except GpufleetError as exc:
             return ev.Resized(action.before, blocked=str(exc))
         return ev.Resized(action.target)
 
-    def free_devices(self) -> int:
-        """Devices the job could grow by: its cluster's own idle ones, plus, for a cluster made
-        for it, free ones of its type in the pool (looked up at most every 10 s)."""
-        sup = self.sup
-        idle = max(0, sup.cluster.count - sup.workers)
-        if sup.cluster.for_job != sup.job.name:
+    def free_devices(self, workers: int) -> int:
+        """Devices the job could grow from `workers` by: its cluster's own idle ones, plus, for
+        a cluster made for it, free ones of its type in the pool (looked up at most every 10 s)."""
+        run = self.run
+        idle = max(0, run.cluster.count - workers)
+        if run.cluster.for_job != run.job.name:
             return idle  # a shared cluster: grow within it only
         now = time.monotonic()
         if self.free_cache is None or now - self.free_cache[0] > 10.0:
-            self.free_cache = (now, clusters.free_count(sup.store, sup.cluster,
-                                                        sup.backend.discover()))
+            self.free_cache = (now, clusters.free_count(run.store, run.cluster,
+                                                        run.backend.discover()))
         return idle + self.free_cache[1]
 
     # -- the end --------------------------------------------------------------------------------
-    def finish(self, sink: LogSink | None) -> Job:
-        """Record the final status (unless it is final already), free a cluster made for the
-        job, close the logs; the job as stored."""
-        sup = self.sup
-        state = sup.state
-        overall = sup.intake.throughput.overall_samples_per_s()
+    def finish(self, state: State, sink: LogSink | None) -> Job:
+        """Record the final status (unless it is final already) from the machine's last
+        `state`, free a cluster made for the job, close the logs; the job as stored."""
+        run = self.run
+        overall = run.intake.throughput.overall_samples_per_s()
         fields: dict[str, object] = {"exit_code": state.exit_code}
         if overall is not None:
             fields["samples_per_s"] = overall
         # `gpufleet stop` leaves its reason on the row before it signals us
-        asked = jobs.get(sup.store, sup.job.name).reason if state.stop_reason is not None \
+        asked = jobs.get(run.store, run.job.name).reason if state.stop_reason is not None \
             else None
-        tail = None if sink is None else sink.failure(sup.cluster.nodes == 1)
+        tail = None if sink is None else sink.failure(run.cluster.nodes == 1)
         status, reason = outcome.final(state.ending, asked, jobs.STOP_REQUESTED, tail)
-        copy = durable.state((e.kind, e.reason) for e in jobs.events(sup.store, sup.job.id))
+        copy = durable_copy.state((e.kind, e.reason) for e in jobs.events(run.store, run.job.id))
         if copy is not None and copy.behind:  # the last word of the history, next to the status
-            jobs.add_event(sup.store, sup.job.id, durable.CopyEvent.BEHIND,
+            jobs.add_event(run.store, run.job.id, durable_copy.CopyEvent.BEHIND,
                            f"the job ended with the durable copy at {copy.text}")
-        jobs.transition(sup.store, sup.job.id, status, reason, fields=fields)  # unless final
-        sup.job = jobs.get(sup.store, sup.job.name)
-        if sup.cluster.for_job == sup.job.name and not sup.spec.keep:
-            sup.cluster = clusters.stop(sup.store, sup.cluster.name,
-                                        reason=f"job {sup.job.name} ended",
-                                        cluster_id=sup.cluster.id)
+        jobs.transition(run.store, run.job.id, status, reason, fields=fields)  # unless final
+        run.job_recorded(jobs.get(run.store, run.job.name))
+        if run.cluster.for_job == run.job.name and not run.spec.keep:
+            run.cluster_changed(clusters.stop(run.store, run.cluster.name,
+                                              reason=f"job {run.job.name} ended",
+                                              cluster_id=run.cluster.id))
         if sink is not None:
             sink.close()
-        return jobs.get(sup.store, sup.job.name)
+        return jobs.get(run.store, run.job.name)
 

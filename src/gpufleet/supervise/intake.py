@@ -24,10 +24,9 @@ from gpufleet.supervise.events import Event, RecordEvent, Reported, WorkerNote
 from gpufleet.supervise.goodput import Mark
 from gpufleet.supervise.notes import note_of, opt_number
 from gpufleet.supervise.progress import Report, Throughput
-from gpufleet.supervise.view import MODEL_STATE_METRICS
 from gpufleet.telemetry import wire
 from gpufleet.telemetry.recent import Recent
-from gpufleet.telemetry.schema import DEVICE_METRICS, JOB_RANK, STEP_METRIC
+from gpufleet.telemetry.schema import DEVICE_METRICS, JOB_RANK, MODEL_STATE_METRICS, STEP_METRIC
 
 MARKS_KEPT_S = 120.0  # rank 0's reports kept for judging a resize (goodput windows are <= 30 s)
 MARKS_KEPT_MIN = 16  # and at least this many, for slow steps

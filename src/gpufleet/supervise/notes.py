@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.supervise import durable
+from gpufleet import durable_copy
 from gpufleet.supervise.events import RecordEvent, WorkerNote
 from gpufleet.telemetry.wire import EVENT, RANK, opt_number
 
@@ -28,10 +28,10 @@ def note_of(rec: dict[str, Any], total_steps: int | None = None
         mode = "async" if rec.get("async_save") else "sync"
         return note, RecordEvent("checkpoint", f"step {step} saved ({size / 1e6:.1f} MB, {mode}; "
                                  f"training blocked {blocked:.3f} s)")
-    if kind == durable.CopyEvent.COPIED:
-        return note, RecordEvent(kind, durable.copied_text(step, str(rec.get("path"))[:300]))
-    if kind in ("checkpoint_skipped", durable.CopyEvent.FAILED):
-        return note, RecordEvent(kind, durable.failed_text(step, str(rec.get("why"))[:300]))
+    if kind == durable_copy.CopyEvent.COPIED:
+        return note, RecordEvent(kind, durable_copy.copied_text(step, str(rec.get("path"))[:300]))
+    if kind in ("checkpoint_skipped", durable_copy.CopyEvent.FAILED):
+        return note, RecordEvent(kind, durable_copy.failed_text(step, str(rec.get("why"))[:300]))
     if kind == "resumed":
         return note, RecordEvent("resumed", f"from the checkpoint at step {step}")
     return note, None

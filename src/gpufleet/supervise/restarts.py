@@ -7,9 +7,7 @@ config, an input that always crashes step 1,234) only burns money, so it stops w
 
 from __future__ import annotations
 
-import shlex
 import signal
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 SAME_FAILURE_LIMIT = 3  # identical failures in a row, with no new checkpoint, that end the job
@@ -107,21 +105,6 @@ def resumes_from(failure: Failure, has_checkpointer: bool = False) -> str:
     lost = steps_lost(failure)
     return (f"from gpufleet's checkpoint at step {failure.checkpoint_step}"
             + (f"; {lost} step(s) are redone" if lost is not None else ""))
-
-
-def resume_words(newest: tuple[int, str] | None, command: Sequence[str], workdir: str) -> str:
-    """What `run --resume` will start from, said before it starts, as plainly as
-    `resumes_from`: `newest` is gpufleet's newest checkpoint of the job (step, where), which its
-    Checkpointer loads. Without one gpufleet resumes nothing: the script runs again with the
-    arguments it was first given, so it starts from scratch unless those make it load files of
-    its own (nanoGPT's `init_from`, a tutorial's snapshot file)."""
-    if newest is not None:
-        step, where = newest
-        return (f"from gpufleet's checkpoint at step {step} ({where}), or the one before it if "
-                "that one is found damaged")
-    return ("gpufleet holds no checkpoint of it: the script runs again as first started, "
-            f"{shlex.join(command)} in {workdir}, and starts from scratch unless it resumes "
-            "from files of its own")
 
 
 def steps_lost(failure: Failure) -> int | None:

@@ -5,7 +5,9 @@ way the store is the only thing other commands read, so `status`, `list` and `lo
 
 Every decision (restart or give up, hung, resize, heal, the final status) is `machine.step`'s;
 this loop only turns I/O into the machine's events (a backend poll, a report datagram, a
-signal, the clock, the control file) and its actions into I/O (see `actions.py`).
+signal, the clock, the control file) and its actions into I/O (see `actions.py`). The I/O's
+state (the job and cluster rows, the running workers, the logs and socket) is one
+`run_state.RunState`, which `actions` and `telemetry` are handed instead of the supervisor.
 """
 
 from __future__ import annotations
@@ -18,23 +20,23 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from gpufleet.backends.base import Backend, Handle
+from gpufleet.backends.base import Backend
 from gpufleet.lifecycle import jobs
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.reportauth import new_key
-from gpufleet.store import Cluster, Job, Metric, Store
+from gpufleet.store import Cluster, Job, Store
 from gpufleet.supervise import events as ev
 from gpufleet.supervise import machine, report_port
 from gpufleet.supervise.actions import Effects
 from gpufleet.supervise.elastic import elastic_plan, mean_utilization
 from gpufleet.supervise.intake import Intake
-from gpufleet.supervise.logs import LogSink, pump
+from gpufleet.supervise.logs import LogSink
 from gpufleet.supervise.notes import opt_number
 from gpufleet.supervise.output import OutputLines
+from gpufleet.supervise.run_state import RunState
 from gpufleet.supervise.store_watch import StoreLost, StoreWatch
 from gpufleet.supervise.telemetry import TelemetryState
 from gpufleet.supervise.view import JobView, job_view, requested_layout
@@ -42,47 +44,43 @@ from gpufleet.telemetry.log_progress import total_steps_in
 
 FLUSH_EVERY_S = 0.25  # reports reach the store (and the dashboard) at most this late
 _opt = opt_number  # its older name
-__all__ = ["Supervisor", "elastic_plan", "main"]
+__all__ = ["Supervisor", "main"]
 
 
 class Supervisor:
     """One job's supervisor: the machine's state, and the I/O around it (the backend's process
-    tree, the report socket, the logs, the store). `run()` drives it to the job's end."""
+    tree, the report socket, the logs, the store), whose state is its `run_state`. `run()`
+    drives it to the job's end."""
 
     def __init__(self, store: Store, job: Job, cluster: Cluster, backend: Backend,
                  on_tick: Callable[[JobView], None] | None = None,
                  on_line: Callable[[int | None, str], None] | None = None):
-        self.store, self.job, self.cluster, self.backend = store, job, cluster, backend
-        self.spec = jobs.spec_of(job)
+        spec = jobs.spec_of(job)
         self.on_tick = on_tick
         self.stop_reason: str | None = None  # set by a signal; the loop hands it to the machine
         # signs the job's reports (reportauth); reaches the workers through their environment
         # only, never a file, a log or the store
-        self.report_key = new_key()
-        self.intake = Intake(job, cluster, self.report_key)
-        self.intake.requested_layout = requested_layout(job.spec_json, job.world_size)
-        self.lines = OutputLines(self.intake, self.spec.loss_pattern, on_line)
+        report_key = new_key()
+        intake = Intake(job, cluster, report_key)
+        intake.requested_layout = requested_layout(job.spec_json, job.world_size)
         # an SDK script reports even with the bootstrap off: its silence counts from the start
-        self.intake.reports_expected = _imports_gpufleet(self.spec.script, self.spec.workdir)
+        intake.reports_expected = _imports_gpufleet(spec.script, spec.workdir)
         if job.total_steps is None:  # a report's total, when one comes, wins
-            job.total_steps = self.spec.total_steps or total_steps_in(self.spec.args)
-            self.intake.progress_dirty = job.total_steps is not None
-        self.recent = self.intake.recent
-        self.telemetry = TelemetryState(self)
-        self.handle: Handle | None = None
-        self.reader: threading.Thread | None = None
-        self.sink: LogSink | None = None
-        self.sock: socket.socket | None = None
-        self.backoff_until = 0.0  # time.monotonic() at which a backoff ends
-        self.follow_ups: deque[ev.Event] = deque()  # events that actions' I/O produced
-        self.policy, allowed, workers = elastic_plan(self.spec, job.world_size)
+            job.total_steps = spec.total_steps or total_steps_in(spec.args)
+            intake.progress_dirty = job.total_steps is not None
+        policy, allowed, workers = elastic_plan(spec, job.world_size)
+        self.run_state = RunState(
+            store=store, backend=backend, spec=spec, policy=policy, report_key=report_key,
+            intake=intake, lines=OutputLines(intake, spec.loss_pattern, on_line), job=job,
+            cluster=cluster)
         config = machine.Config(
-            cluster_name=cluster.name, max_restarts=self.spec.max_restarts,
-            hang_timeout_s=self.spec.hang_timeout_s, policy=self.policy, allowed=tuple(allowed),
-            heals=backend.capabilities.multi_node, time_limit_s=self.spec.time_limit_s,
+            cluster_name=cluster.name, max_restarts=spec.max_restarts,
+            hang_timeout_s=spec.hang_timeout_s, policy=policy, allowed=tuple(allowed),
+            heals=backend.capabilities.multi_node, time_limit_s=spec.time_limit_s,
             usd_per_device_hour=cluster.usd_per_hour / cluster.count if cluster.count else 0.0)
         self.state = machine.initial(config, workers, job.step)
-        self.effects = Effects(self)
+        self.telemetry = TelemetryState(self.run_state)
+        self.effects = Effects(self.run_state, self.telemetry, self.stopping)
         self.store_watch = StoreWatch(store.path)  # the state file removed under the job
         self.lost: StoreLost | None = None  # set when it was: nothing more goes to the store
 
@@ -95,15 +93,9 @@ class Supervisor:
     def workers(self) -> int:
         return self.state.workers
 
-    @property
-    def model_state(self) -> dict[int, dict[str, float]]:
-        return self.intake.model_state
-
-    def add_samples(self, rows: list[Metric]) -> None:
-        self.intake.add_samples(rows)
-
     def view(self, now: float | None = None) -> JobView:
-        return job_view(self.job, self.cluster, now or time.time(), self.intake.model_state,
+        run = self.run_state
+        return job_view(run.job, run.cluster, now or time.time(), run.intake.model_state,
                         run_started_at=self.state.started_at or None)
 
     # -- signals ------------------------------------------------------------------------------
@@ -122,9 +114,10 @@ class Supervisor:
     # -- the machine ----------------------------------------------------------------------------
     def feed(self, event: ev.Event) -> None:
         """Step the machine, carry out its actions, then the events those produced."""
-        self.follow_ups.append(event)
-        while self.follow_ups:
-            self.state, actions = machine.step(self.state, self.follow_ups.popleft(), time.time())
+        follow_ups = self.run_state.follow_ups
+        follow_ups.append(event)
+        while follow_ups:
+            self.state, actions = machine.step(self.state, follow_ups.popleft(), time.time())
             for action in actions:
                 self.effects.do(action)
 
@@ -138,62 +131,64 @@ class Supervisor:
         ended, the devices of a cluster made for the job are freed and the job gets a final
         status.
         """
-        self.backend.adopt_orphans()
+        run = self.run_state
+        run.backend.adopt_orphans()
         main = threading.current_thread() is threading.main_thread()
         if main:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGHUP, self._on_signal)
-        job_dir = Path(self.job.job_dir)
+        job_dir = Path(run.job.job_dir)
         try:
-            self.sink = LogSink(job_dir, self.job.world_size)
-            self.sock = report_port.open_socket(self.backend.report_host())
+            run.opened(LogSink(job_dir, run.job.world_size),
+                       report_port.open_socket(run.backend.report_host()))
+            assert run.sock is not None
             # Claim the job before starting anything: if `gpufleet stop` got here first (the job
             # is no longer 'starting', or its cluster was stopped), start nothing.
-            if jobs.begin_running(self.store, self.job.id, self.cluster.id,
-                                  f"{self.workers} worker(s) on {self.cluster.name}"):
-                self.job.started_at, self.job.status = time.time(), JobStatus.RUNNING
+            if jobs.begin_running(run.store, run.job.id, run.cluster.id,
+                                  f"{self.workers} worker(s) on {run.cluster.name}"):
+                run.job_moved(JobStatus.RUNNING, {"started_at": time.time()})
                 self.feed(ev.Begin())
-                self._loop(self.sock)
+                self._loop(run.sock)
             else:
                 self.request_stop(jobs.STOP_REQUESTED)
                 self.feed(ev.StopRequested(jobs.STOP_REQUESTED))
         except StoreLost as exc:
             self.lost = exc
-            if self.sink is not None:
+            if run.sink is not None:
                 with contextlib.suppress(OSError):
-                    self.sink.write(f"gpufleet: {exc}\n")
+                    run.sink.write(f"gpufleet: {exc}\n")
         except KeyboardInterrupt:
             self.request_stop(machine.INTERRUPTED_REASON)
-            self.follow_ups.clear()  # what the cut-short actions had queued is moot
+            run.follow_ups.clear()  # what the cut-short actions had queued is moot
             self.feed(ev.Interrupted())
         except Exception as exc:  # recorded on the job; the traceback goes to the job folder
-            self.follow_ups.clear()
+            run.follow_ups.clear()
             self.feed(ev.SupervisorFailed(f"supervisor error: {type(exc).__name__}: {exc}"))
             with contextlib.suppress(OSError):
                 (job_dir / "supervisor-error.log").write_text(traceback.format_exc())
         finally:
             if main:  # a second Ctrl-C must not cut the clean-up short and leave workers behind
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-            self.end_workers(10.0)
-            if self.sock is not None:
+            self.effects.end_workers(10.0)
+            if run.sock is not None:
                 if self.lost is None:
-                    self._drain(self.sock)
-                self.sock.close()
+                    self._drain(run.sock)
+                run.sock.close()
             with contextlib.suppress(Exception):
                 if self.lost is None:  # the store is gone: write nothing to it
                     self._note_dropped(final=True)
             with contextlib.suppress(Exception):
                 if self.lost is None:
-                    self.intake.flush(self.store)
+                    run.intake.flush(run.store)
             with contextlib.suppress(Exception):  # log rules: OOM, timeouts, for the post-mortem
                 if self.lost is None:
-                    self.telemetry.diagnose(time.time(), final=True)
+                    self.telemetry.diagnose(time.time(), self.state, final=True)
         if self.lost is not None:
-            if self.sink is not None:
-                self.sink.close()
+            if run.sink is not None:
+                run.sink.close()
             raise self.lost
         try:
-            return self.effects.finish(self.sink)
+            return self.effects.finish(self.state, run.sink)
         finally:
             if main:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -211,15 +206,17 @@ class Supervisor:
 
     def _pause(self) -> None:
         """Back off before a restart, still answering `gpufleet stop`."""
-        while self.stop_reason is None and time.monotonic() < self.backoff_until:
-            time.sleep(min(0.1, max(0.0, self.backoff_until - time.monotonic())))
+        run = self.run_state
+        while self.stop_reason is None and time.monotonic() < run.backoff_until:
+            time.sleep(min(0.1, max(0.0, run.backoff_until - time.monotonic())))
         if self.stop_reason is None:
             self.feed(ev.BackoffOver())
 
     def _watch(self, sock: socket.socket) -> None:
         """One turn of the loop while the workers run: their exit, reports, the clock."""
-        assert self.handle is not None
-        code = self.backend.poll(self.handle)
+        run = self.run_state
+        assert run.handle is not None
+        code = run.backend.poll(run.handle)
         if code is not None:
             self._exited(code, sock)
             return
@@ -231,92 +228,80 @@ class Supervisor:
             self._drain(sock)
         now = time.time()
         if now - self.effects.last_flush >= FLUSH_EVERY_S:
-            self.intake.flush(self.store)
+            run.intake.flush(run.store)
             self.effects.last_flush = now
         self.feed(self._tick(now))
         if self.state.phase != "running":
             return
-        self.telemetry.tick(now)
+        self.telemetry.tick(now, self.state)
         if self.on_tick and now - self.effects.last_tick >= 0.25:
             self.on_tick(self.view(now))
             self.effects.last_tick = now
 
     def _tick(self, now: float) -> ev.Tick:
-        state = self.state
-        stopped = report_port.stopped(self.intake.worker_pids) \
+        state, intake = self.state, self.run_state.intake
+        stopped = report_port.stopped(intake.worker_pids) \
             if machine.needs_process_states(state, now) else {}
         due = self._policy_due(now)
         util = self._utilization(now) if due else ()
-        free = self.effects.free_devices() if machine.needs_free_devices(state, now, util) \
-            else None
-        return ev.Tick(util, stopped, free, self.intake.progress_marks() if due else ())
+        free = self.effects.free_devices(state.workers) \
+            if machine.needs_free_devices(state, now, util) else None
+        return ev.Tick(util, stopped, free, intake.progress_marks() if due else ())
 
     def _policy_due(self, now: float) -> bool:
         """Whether an elastic decision (or a resize's verdict) is due: only then does the Tick
         carry the utilization and the run's reports."""
-        return self.policy is not None and self.state.training_since is not None and \
+        return self.run_state.policy is not None and self.state.training_since is not None and \
             now - self.state.last_policy >= machine.POLICY_EVERY_S
 
     def _utilization(self, now: float) -> tuple[tuple[float, float], ...]:
         """The mean utilization of the job's devices per second since training started."""
         since = self.state.training_since or now
-        return mean_utilization(self.recent.snapshot(now).get("gpu_utilization", {}), since)
+        recent = self.run_state.recent.snapshot(now)
+        return mean_utilization(recent.get("gpu_utilization", {}), since)
 
     def _exited(self, code: int, sock: socket.socket) -> None:
-        self.end_workers(10.0)
+        run = self.run_state
+        self.effects.end_workers(10.0)
         self._drain(sock)  # the last reports, e.g. the exit for a resize
         seq = self.effects.acknowledged()
         if seq is not None:
             self.feed(ev.ResizeAcknowledged(seq))
-        if code == 0 or self.sink is None:
+        if code == 0 or run.sink is None:
             self.feed(ev.WorkersExited(code))
             return
-        agent = self.sink.tail(None)
-        lost = self.backend.node_lost(code, agent)
+        agent = run.sink.tail(None)
+        lost = run.backend.node_lost(code, agent)
         if lost is not None:  # a node went away: its peers' errors are knock-on effects
             self.feed(ev.WorkersExited(code, None, None, lost, "\n".join(agent[-8:]),
                                        node_lost=True))
             return
         # the failing rank's error record (its exception, its traceback), else the log tails
-        tail = self.sink.failure(self.cluster.nodes == 1)
+        tail = run.sink.failure(run.cluster.nodes == 1)
         self.telemetry.blamed_rank = tail.rank  # the diagnosis names the rank the reason does
         self.feed(ev.WorkersExited(code, tail.rank, tail.rank_code, tail.error,
                                    "\n".join(tail.last)))
 
     def _drain(self, sock: socket.socket) -> None:
+        intake = self.run_state.intake
         for data in report_port.pending(sock):
-            for item in self.intake.datagram(data, self._pid_ok):
+            for item in intake.datagram(data, self._pid_ok):
                 if isinstance(item, ev.RecordEvent):
                     self.effects.do(item)
                 else:
                     self.feed(item)
         self._note_dropped()
-        for rank, pid in self.intake.worker_pids.items():
+        for rank, pid in intake.worker_pids.items():
             self.telemetry.worker_pid(rank, pid)
 
     def _note_dropped(self, final: bool = False) -> None:
-        record = self.intake.dropped_note(time.time(), final)
+        record = self.run_state.intake.dropped_note(time.time(), final)
         if record is not None:
             self.effects.do(record)
 
     def _pid_ok(self, pid: int) -> bool:
-        return self.backend.pids_here and report_port.holds_key(pid, self.report_key)
-
-    def end_workers(self, grace_s: float) -> None:
-        """Stop sampling and end this run's process tree (a stopped process too: SIGKILL
-        reaches it where SIGTERM waits for a SIGCONT)."""
-        self.telemetry.stop()
-        handle = self.handle
-        if handle is not None and self.backend.poll(handle) is None:
-            self.backend.kill_tree(handle, grace_s=grace_s)
-        self.backend.end_orphans()
-        if self.reader is not None:
-            self.reader.join(timeout=5)
-        self.handle, self.reader = None, None
-
-    def read_output(self, handle: Handle, sink: LogSink) -> None:
-        assert handle.stdout is not None
-        pump(handle.stdout, sink, self.lines, self.stopping)
+        run = self.run_state
+        return run.backend.pids_here and report_port.holds_key(pid, run.report_key)
 
 
 def _imports_gpufleet(script: str, workdir: str | None) -> bool:

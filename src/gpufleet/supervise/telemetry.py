@@ -1,8 +1,9 @@
 """The supervisor's telemetry duties: sample devices once a second, diagnose every few seconds,
 downsample old samples every minute.
 
-Kept apart from the supervisor's process handling; it only touches the supervisor through
-`add_samples`, `recent`, `job`, `cluster`, `spec` and `store`.
+Kept apart from the supervisor's process handling: it reads the job's `RunState` (the job,
+its cluster, spec, store, recent samples; the intake that takes its samples) and is handed the
+machine's state where a diagnosis needs it, and changes neither.
 """
 
 from __future__ import annotations
@@ -32,14 +33,15 @@ from gpufleet.telemetry.schema import DEVICE_METRICS
 if TYPE_CHECKING:
     from gpufleet.backends.base import Handle
     from gpufleet.supervise.logs import LogSink
-    from gpufleet.supervise.supervisor import Supervisor
+    from gpufleet.supervise.run_state import RunState
+    from gpufleet.supervise.state import State
 
 ENABLED_ENV = "GPUFLEET_TELEMETRY"
 
 
 class TelemetryState:
-    def __init__(self, sup: Supervisor):
-        self.sup = sup
+    def __init__(self, run: RunState):
+        self.run = run
         self.enabled = os.environ.get(ENABLED_ENV, "1") != "0"
         self.cpu: CpuSampler | None = None
         self.nvml: NvmlSampler | None = None
@@ -61,9 +63,9 @@ class TelemetryState:
         self.handle, self.sink = handle, sink
         self.stopping = threading.Event()  # a fresh one per run of the workers
         self.cpu = self.nvml = None
-        sup = self.sup
+        run = self.run
         try:
-            self.baseline = records.baseline_samples_per_s(sup.store, sup.job, sup.cluster.gpu)
+            self.baseline = records.baseline_samples_per_s(run.store, run.job, run.cluster.gpu)
             if self.enabled and sample:
                 self._start_sampler(placement, env)
         except Exception:
@@ -103,29 +105,29 @@ class TelemetryState:
                 continue
 
     def _sample(self, now: float) -> None:
-        sup = self.sup
+        run = self.run
         samples = []
         if self.cpu is not None and self.handle is not None:
             self.cpu.find(self.handle.pid)
             samples = self.cpu.sample()
         elif self.nvml is not None:
             samples = self.nvml.sample()
-        rows = [Metric(time=now, cluster=sup.cluster.name, job=sup.job.name, node="local",
+        rows = [Metric(time=now, cluster=run.cluster.name, job=run.job.name, node="local",
                        rank=s.key, device=s.device, name=s.name, value=s.value) for s in samples]
         for s in samples:
-            sup.recent.add(s.name, s.key, now, s.value)
-        sup.add_samples(rows)
+            run.recent.add(s.name, s.key, now, s.value)
+        run.intake.add_samples(rows)
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, state: State) -> None:
         """Called from the supervisor's loop. A failure here is written to the job folder once
         and the job goes on: telemetry must never take a training run down."""
         try:
             if now - self.last_diagnosis >= DIAGNOSE_EVERY_S:
                 self.last_diagnosis = now
-                self.diagnose(now)
+                self.diagnose(now, state)
             if now - self.last_compaction >= COMPACT_EVERY_S:
                 self.last_compaction = now
-                retention.compact(self.sup.store, self.sup.job.name, now)
+                retention.compact(self.run.store, self.run.job.name, now)
         except Exception:
             self._failed()
 
@@ -135,39 +137,41 @@ class TelemetryState:
         if not self.failed:
             self.failed = True
             with contextlib.suppress(OSError):
-                (Path(self.sup.job.job_dir) / "telemetry-error.log").write_text(
+                (Path(self.run.job.job_dir) / "telemetry-error.log").write_text(
                     traceback.format_exc())
 
-    def inputs(self, now: float, final: bool = False) -> Inputs:
-        sup = self.sup
-        job, cluster = sup.job, sup.cluster
-        snap = sup.recent.snapshot(now)
+    def inputs(self, now: float, state: State, final: bool = False) -> Inputs:
+        """What a diagnosis reads: the job's records and recent samples, and from the machine's
+        `state` the exit code (of the final diagnosis) and the resizes judged so far."""
+        run = self.run
+        job, cluster = run.job, run.cluster
+        snap = run.recent.snapshot(now)
         gpu = catalog.gpu_types().get(cluster.gpu)
         layout: Any = None
         with contextlib.suppress(ValueError, TypeError):
-            layout = sup.spec.layout(job.world_size)
+            layout = run.spec.layout(job.world_size)
         return Inputs(
             now=now, status="ended" if final else job.status, started_at=job.started_at,
             last_report_at=job.last_report_at, step=job.step,
             seconds_per_step=seconds_per_step(job), world_size=job.world_size,
             on_gpu=cluster.gpu != "cpu" and not cluster.simulated, gpu=cluster.gpu,
             gpu_bf16=bool(gpu and gpu.bf16),
-            precision=layout.precision if layout else sup.spec.precision,
-            strategy=sup.spec.strategy,
+            precision=layout.precision if layout else run.spec.precision,
+            strategy=run.spec.strategy,
             ranks={k: v for k, v in snap.items() if k not in DEVICE_METRICS},
             devices={k: v for k, v in snap.items() if k in DEVICE_METRICS},
             log_tail=tuple(self._log_tail()), samples_per_s=job.samples_per_s,
-            baseline_samples_per_s=self.baseline, reports_expected=sup.intake.reports_expected,
+            baseline_samples_per_s=self.baseline, reports_expected=run.intake.reports_expected,
             job=job.name, failed_rank=self.blamed_rank,
-            exit_code=sup.state.exit_code if final else None,
+            exit_code=state.exit_code if final else None,
             resizes=tuple(ResizeVerdict(j.before.workers, j.after.workers,
                                         j.verdict is Verdict.REVERTED, j.text, j.trigger)
-                          for j in sup.state.judged),
+                          for j in state.judged),
         )
 
-    def diagnose(self, now: float, final: bool = False) -> None:
-        found = diagnose(self.inputs(now, final), self.thresholds)
-        records.save_findings(self.sup.store, self.sup.job.id, found, now, final)
+    def diagnose(self, now: float, state: State, final: bool = False) -> None:
+        found = diagnose(self.inputs(now, state, final), self.thresholds)
+        records.save_findings(self.run.store, self.run.job.id, found, now, final)
 
     def _log_tail(self) -> list[str]:
         if self.sink is None:

@@ -139,16 +139,6 @@ def seconds_per_step(job: JobRecord) -> float | None:
     return (job.last_report_at - job.first_step_at) / (job.step - first)
 
 
-def job_cost_usd(job: JobRecord, cluster: ClusterRecord, now: float) -> float:
-    """What the job cost, over all its runs on every cluster it ran on (`plan.billing`: exactly
-    its ledger rows); `cluster` is the one it is on now. A cluster made for the job is the
-    job's from its start to its stop; on a cluster launched apart, the time before and after
-    the job is the cluster's idle time (`list` shows the cluster's whole cost)."""
-    return billing.job_micro(job, cluster, now) / billing.MICRO
-
-
-MODEL_STATE_METRICS = ("params_bytes", "grads_bytes", "optimizer_bytes", "cuda_max_allocated_bytes")
-
 
 LayoutWords = Callable[[str, int], str | None]  # (spec_json, world_size) -> words
 
@@ -208,7 +198,7 @@ def job_view(job: JobRecord, cluster: ClusterRecord, now: float,
     active = job.status in JOB_ACTIVE
     if active and sps is not None and job.total_steps:
         eta = max(0, job.total_steps - (job.step or 0)) * sps
-    so_far = job_cost_usd(job, cluster, now)
+    so_far = billing.job_cost_usd(job, cluster, now)
     projected = so_far if not active else \
         cost.projected_usd(so_far, cluster.usd_per_hour, eta)
     return JobView(

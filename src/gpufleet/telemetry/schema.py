@@ -89,6 +89,8 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 DEVICE_METRICS = tuple(d.name for d in _DEFS if d.scope == "device")
 RANK_METRICS = tuple(d.name for d in _DEFS if d.scope == "rank")
 PROMETHEUS_PREFIX = "gpufleet_"
+# what a rank holds for its model, the `status` memory breakdown (the latest of each per rank)
+MODEL_STATE_METRICS = ("params_bytes", "grads_bytes", "optimizer_bytes", "cuda_max_allocated_bytes")
 
 
 def scope_of(name: str) -> Scope:

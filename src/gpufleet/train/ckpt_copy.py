@@ -7,7 +7,7 @@ renames it; to an fsspec URL every node copies at once and rank 0's manifest mak
 A copy that fails (a full volume, a permission, a peer node that never finished) removes what
 it wrote: a partial folder left behind would hold the space the next copy needs, so one full
 disk would fail every later copy too. It says why in a `checkpoint_copy_failed` note; the
-supervisor shows the durable copy as behind until a later copy succeeds (supervise/durable.py).
+supervisor shows the durable copy as behind until a later copy succeeds (durable_copy.py).
 Before each copy rank 0 prunes the durable location to `keep - 1` checkpoints (at least 1), so
 the copy needs room for `keep` checkpoints, not `keep + 1`.
 """
