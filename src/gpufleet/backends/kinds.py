@@ -3,13 +3,12 @@ kind) and the allocator can ask without importing any engine or the backend prot
 
 Code outside `backends/` never asks which engine a pool is: it asks `capabilities(kind)` (for
 a spec or a stored cluster, before any backend object exists) or `backend.capabilities`. A new
-engine (Slurm, Kubernetes) is a row in `CAPABILITIES`, not a branch in the supervisor, the CLI
-and the allocator.
+engine (Slurm, Kubernetes) is a row in `CAPABILITIES` (and its entry in `registry.ENGINES`),
+not a branch in the supervisor, the CLI and the allocator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,7 +35,8 @@ class Capabilities:
         return not self.simulated
 
 
-CAPABILITIES: Mapping[Kind, Capabilities] = {
+# a dict, not a frozen mapping: an engine registered at run time (a test's toy engine) adds its row
+CAPABILITIES: dict[str, Capabilities] = {
     "local": Capabilities(this_host=True, multi_node=False, elastic=True, ssh=True,
                           simulated=False, samples_devices=True),
     "ray": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=True,
@@ -53,4 +53,4 @@ def capabilities(kind: str | None) -> Capabilities:
     for known, caps in CAPABILITIES.items():
         if known == (kind or "local"):
             return caps
-    raise ValueError(f"unknown backend kind {kind!r}; known: {', '.join(KINDS)}")
+    raise ValueError(f"unknown backend kind {kind!r}; known: {', '.join(CAPABILITIES)}")

@@ -12,14 +12,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
+from gpufleet.backends.alloc import Allocating
 from gpufleet.backends.base import RunRequest
-from gpufleet.errors import AllocationError, GpufleetError
+from gpufleet.errors import GpufleetError
 from gpufleet.launch.torchrun import JobContext, worker_env
-from gpufleet.lifecycle import clusters, engine_alloc, jobs, leftovers
+from gpufleet.lifecycle import clusters, engine_heal, jobs, leftovers
 from gpufleet.reportauth import KEY_ENV
-from gpufleet.spec import ClusterSpec
 from gpufleet.store import Job
 from gpufleet.supervise import durable, elastic, outcome
 from gpufleet.supervise import events as ev
@@ -27,9 +27,6 @@ from gpufleet.supervise.logs import LogSink
 
 if TYPE_CHECKING:
     from gpufleet.supervise.supervisor import Supervisor
-
-HEAL_WAIT_S = 600.0  # how long a heal waits in Slurm's queue for a new allocation
-
 
 class Effects:
     """The supervisor's hands: `do(action)` for each action `machine.step` returns."""
@@ -145,7 +142,7 @@ class Effects:
         """Replace the nodes the backend says were lost (or unhealthy), or go on without them."""
         sup = self.sup
         lost = sup.backend.lost_nodes(Path(sup.job.job_dir))
-        if sup.backend.capabilities.allocates:
+        if isinstance(sup.backend, Allocating):
             notes = self.reallocate(lost)
         else:
             nodes = [dataclasses.replace(n, healthy=False) if n.id in lost else n
@@ -158,47 +155,13 @@ class Effects:
         return ev.Healed(workers, tuple(notes))
 
     def reallocate(self, lost: set[str]) -> list[str]:
-        """On an engine that allocates (Slurm): after a run that lost a node (or whose
-        allocation ended), give the allocation back and ask for the same shape without the
-        lost nodes (a replacement node, at once, rather than Slurm's requeue, which waits out
-        its requeue delay); failing that, for the nodes left. Otherwise keep it."""
+        """On an engine that allocates: the heal `engine_heal.reallocate` decides with it."""
         sup = self.sup
-        c = sup.cluster
-        engine = cast(engine_alloc.Allocating, sup.backend)
-        mine = {p.node_id for p in clusters.placements(sup.store, c)}
-        bad = (lost | {n.id for n in sup.backend.discover() if not n.healthy}) & mine or lost
-        held = engine.job(c.engine_ref) if c.engine_ref else None
-        if not bad and held is not None and held.running:
-            return []  # a failure that lost no node: the next run uses the same allocation
-        old = c.engine_ref or "?"
-        if c.engine_ref:
-            engine.cancel(c.engine_ref)
-        limit = ClusterSpec.model_validate_json(c.spec_json).time_limit_s
-        left = None if limit is None else max(60.0, limit - (time.time() - (c.started_at or 0)))
-        per = c.count // c.nodes
-        keep = c.nodes - len(bad)
-        shapes = [c.nodes] + ([keep] if 0 < keep < c.nodes else [])
-        for i, want in enumerate(shapes):
-            try:
-                got = engine_alloc.grant(engine, c.name, c.gpu, per * want, want, c.network,
-                                         left, lambda t: sup.lines.say(f"gpufleet: {t}"),
-                                         c.user or "", exclude=tuple(sorted(bad)),
-                                         deadline_s=HEAL_WAIT_S)
-            except AllocationError as exc:
-                if i + 1 < len(shapes):
-                    continue
-                raise AllocationError(f"node(s) {', '.join(sorted(bad))} lost and Slurm gives "
-                                      f"no new allocation: {exc}") from None
-            try:
-                sup.cluster = clusters.regrant(sup.store, c.id, got.nodes, got.ref)
-            except BaseException:
-                engine.cancel(got.ref)
-                raise
-            fewer = "" if want == c.nodes else f"; going on with {want} node(s)"
-            return [f"node(s) {', '.join(sorted(bad))} lost with Slurm job {old}; new "
-                    f"allocation: Slurm job {got.ref} on {', '.join(n.id for n in got.nodes)} "
-                    f"(replacement nodes, not Slurm's requeue){fewer}"]
-        return []
+        if not isinstance(sup.backend, Allocating):
+            return []
+        sup.cluster, notes = engine_heal.reallocate(
+            sup.store, sup.backend, sup.cluster, lost, lambda t: sup.lines.say(f"gpufleet: {t}"))
+        return notes
 
     def resize(self, action: ev.Resize) -> ev.Resized:
         """Change the reservation of a cluster made for this job (a shared one: within it)."""
