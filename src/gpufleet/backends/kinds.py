@@ -10,10 +10,34 @@ not a branch in the supervisor, the CLI and the allocator.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Any
 
-Kind = Literal["local", "ray", "sim", "slurm"]
-KINDS: tuple[Kind, ...] = ("local", "ray", "sim", "slurm")
+from gpufleet.errors import excerpt
+
+
+def check_kind(kind: str) -> str:
+    """`kind` when an engine of that kind is known (built in, or registered at run time)."""
+    if kind not in CAPABILITIES:
+        names = [f"'{k}'" for k in CAPABILITIES]
+        allowed = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+        raise ValueError(f"'{excerpt(kind)}' is not allowed; allowed: {allowed}")
+    return kind
+
+
+class _Known:
+    """Makes a spec's `backend: Kind` check the kind against `CAPABILITIES` when pydantic
+    validates it (pydantic is imported only then: this module stays a light leaf)."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_after_validator_function(check_kind, handler(source))
+
+
+# A kind is a name in `CAPABILITIES`, not a closed list: a new engine adds its row (a test's
+# toy engine at run time) and specs, stored clusters and pools accept it with no other change.
+Kind = Annotated[str, _Known()]
+KINDS: tuple[str, ...] = ("local", "ray", "sim", "slurm")  # the built-in engines
 
 
 @dataclass(frozen=True)

@@ -239,8 +239,8 @@ class SlurmBackend:
             probe.connect((socket.gethostbyname(addresses[0]), 9))  # UDP: picks a route only
             return str(probe.getsockname()[0])
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
-        return self.procs.start(argv, self.env(env), cwd)
+    def start(self, prepared: Prepared, env: dict[str, str], cwd: Path) -> Handle:
+        return self.procs.start(prepared, self.env(env), cwd)
 
     def poll(self, handle: Handle) -> int | None:
         return self.procs.poll(handle)

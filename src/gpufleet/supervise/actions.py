@@ -106,7 +106,7 @@ class Effects:
         for stale in (self.control_path(), Path(f"{self.control_path()}.exited")):
             stale.unlink(missing_ok=True)  # requests to earlier workers (or an earlier supervisor)
         sup.sink.run_started(time.time())  # its error records are the files written after
-        sup.handle = sup.backend.start(prepared.argv, env, Path(spec.workdir or "."))
+        sup.handle = sup.backend.start(prepared, env, Path(spec.workdir or "."))
         sup.follow_ups.append(ev.WorkersStarted())
         sup.reader = threading.Thread(target=sup.read_output, args=(sup.handle, sup.sink),
                                       daemon=True)
