@@ -50,6 +50,7 @@ class ToyEngine:
         self.looks: dict[str, int] = {}
         self.cancelled: list[str] = []
         self.lost: set[str] = set()
+        self.asks: list[alloc.Ask] = []  # in the order of their refs: t1, t2, ...
         self.procs = LocalBackend(cpu_slots=1)
 
     # -- alloc.Allocating ------------------------------------------------------------------------
@@ -68,7 +69,7 @@ class ToyEngine:
         ref = f"t{len(self.looks) + 1}"
         self.looks[ref] = 0
         self.held[ref] = []
-        self.asks = [*getattr(self, "asks", []), ask]
+        self.asks.append(ask)
         return ref, f"{ask.nodes} x {ask.per_node} GPU(s)"
 
     def state(self, ref: str) -> alloc.AllocState:

@@ -1,9 +1,9 @@
 """The one interface every engine implements.
 
 Code outside `backends/` calls this protocol and reads `backend.capabilities` (what each kind
-can do is in `kinds.py`); it never compares a backend's name. A third engine (Slurm,
-Kubernetes) is a new module here that mypy checks against `Backend`, and a row in
-`kinds.CAPABILITIES`.
+can do is in `kinds.py`); it never compares a backend's name. A new engine (Kubernetes, SSH)
+is a new module here that mypy checks against `Backend` (and `alloc.Allocating` if it grants
+the nodes itself), a row in `kinds.CAPABILITIES` and its entry in `registry.ENGINES`.
 """
 
 from __future__ import annotations
