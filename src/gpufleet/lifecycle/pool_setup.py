@@ -1,5 +1,6 @@
-"""Adding pools: checking what the user asked for, reaching an existing Ray cluster, starting a
-local one, and stopping the one gpufleet started when its pool goes.
+"""Adding pools: naming and recording a pool whose kind checked and probed what the user gave
+(each kind's part is its entry in `backends.registry.ENGINES`), starting a local Ray cluster,
+and stopping the one gpufleet started when its pool goes.
 
 `lifecycle.pools` keeps the records; this module does what `pool add`, `pool up`, `pool down`
 and `pool remove` do around them, so a caller other than the CLI gets the same refusals.
