@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from placements import ctx
 
-from gpufleet.backends.base import Backend, RunRequest
+from gpufleet.backends.base import Backend, Prepared, RunRequest
 from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.backends.fake import Exit, FakeBackend, FakeRun, Line, Pause, Send, WorkerEvent
 from gpufleet.backends.local import LocalBackend
@@ -41,7 +41,7 @@ def test_a_run_plays_lines_datagrams_and_its_exit_code(tmp_path: Path) -> None:
 
     sock, addr = _socket()
     backend = FakeBackend(handler)
-    handle = backend.start(["x"], {"GPUFLEET_REPORT_ADDR": addr}, tmp_path)
+    handle = backend.start(Prepared(["x"], {}), {"GPUFLEET_REPORT_ADDR": addr}, tmp_path)
     assert handle.stdout is not None
     assert handle.stdout.read() == b"[rank0]:run 1\n"  # the pipe closes at the exit
     assert json.loads(sock.recv(1000)) == {"rank": 0, "step": 1}
@@ -56,7 +56,8 @@ def test_a_kill_ends_a_pause_and_reads_as_killed_by_the_signal(tmp_path: Path) -
         yield Exit(0)
 
     backend = FakeBackend(handler)
-    handle = backend.start(["x"], {"GPUFLEET_REPORT_ADDR": "127.0.0.1:9"}, tmp_path)
+    handle = backend.start(Prepared(["x"], {}), {"GPUFLEET_REPORT_ADDR": "127.0.0.1:9"},
+                           tmp_path)
     assert backend.poll(handle) is None
     backend.kill_tree(handle, grace_s=0)
     assert backend.poll(handle) == -signal.SIGTERM

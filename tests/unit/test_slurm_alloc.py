@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
+from gpufleet.backends import alloc
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as sp
 from gpufleet.backends.slurm_run import lost_named
@@ -70,14 +72,30 @@ def test_the_ask_names_the_gpus_as_the_partition_does_and_constrains_a_mixed_net
     backend = SlurmBackend("s", "gpu")
     backend.seen = sp.nodes_of("\n".join([line("a1", "ib"), line("a2", "ib"),
                                           line("e1", "ethernet")]), "gpu")
-    ask = backend.ask("big", "H100-SXM", 16, 2, None, network="infiniband")
+    ask = backend.sbatch_ask(alloc.Ask("big", "H100-SXM", 16, 2, network="infiniband"))
     assert (ask.gres, ask.feature, ask.whole_nodes) == ("gpu:h100:8", "ib", True)
-    assert backend.ask("one", "H100-SXM", 2, 1, None).feature == ""
-    one = backend.ask("one", "H100-SXM", 2, 1, None)
+    one = backend.sbatch_ask(alloc.Ask("one", "H100-SXM", 2, 1))
+    assert one.feature == ""
     assert (one.cpus_per_gpu, one.mem_per_gpu_mb, one.whole_nodes) == (8, 64000, False)
     backend.seen = sp.nodes_of(line("u1", "h100,ib", gres="gpu:8"), None)
-    assert backend.ask("u", "H100-SXM", 8, 1, None, network="infiniband").feature == "h100"
-    assert "--constraint=h100" in cmds.sbatch(backend.ask("u", "H100-SXM", 8, 1, None))
+    ib = alloc.Ask("u", "H100-SXM", 8, 1, network="infiniband")
+    assert backend.sbatch_ask(ib).feature == "h100"
+    assert "--constraint=h100" in cmds.sbatch(backend.sbatch_ask(alloc.Ask("u", "H100-SXM", 8, 1)))
+
+
+def test_slurm_job_states_read_as_pending_granted_or_ended() -> None:
+    from gpufleet.backends.slurm import state_of
+
+    assert state_of(None) == alloc.Ended("gone from Slurm's queue")
+    assert state_of(_job("CANCELLED")) == alloc.Ended("CANCELLED")
+    waiting = state_of(_job("PENDING", "Resources"))
+    assert isinstance(waiting, alloc.Pending) and not waiting.never_clears
+    assert waiting.reason == "Resources" and "waiting for nodes" in waiting.text
+    never = state_of(_job("PENDING", "PartitionConfig"))
+    assert isinstance(never, alloc.Pending) and never.never_clears
+    assert state_of(_job("PENDING", "None")) == alloc.Pending("", "", False)
+    assert state_of(_job("RUNNING")) == alloc.Pending("", "", False)  # no grants listed yet
+    assert state_of(_job("RUNNING", grants=(("n1", (0,)),))) == alloc.Granted((("n1", (0,)),))
 
 
 # -- the allocation -----------------------------------------------------------------------------
@@ -100,33 +118,45 @@ def test_what_an_idle_partition_could_hold_is_submitted_whatever_is_busy_now() -
 
 @dataclass
 class Engine:
-    """An allocating engine whose job states come from a plain function (call number -> job)."""
+    """An allocating engine whose allocation's states come from a plain function (call number
+    -> Slurm job, read as Slurm's backend reads it)."""
 
     states: Callable[[int], sp.SlurmJob | None]
     nodes: list[Node] = field(default_factory=lambda: [_node("n1", 2), _node("n2", 2)])
-    partition: str | None = "gpu"
     cancelled: list[str] = field(default_factory=list)
-    asked: list[cmds.Ask] = field(default_factory=list)
+    asked: list[alloc.Ask] = field(default_factory=list)
     calls: int = 0
+    kind: str = "slurm"
+    engine_name: str = "Slurm"
+    alloc_word: str = "Slurm job"
+    where: str = "partition gpu"
 
     def discover(self) -> list[Node]:
         return self.nodes
 
-    def ask(self, cluster: str, gpu: str, count: int, nodes: int, time_limit_s: float | None,
-            exclude: tuple[str, ...] = (), user: str = "",
-            network: str | None = None) -> cmds.Ask:
-        return cmds.Ask(cluster=cluster, nodes=nodes, per_node=count // nodes, exclude=exclude)
-
-    def submit(self, ask: cmds.Ask) -> str:
+    def request(self, ask: alloc.Ask) -> tuple[str, str]:
         self.asked.append(ask)
-        return "41"
+        return "41", f"{ask.nodes} node(s) x {ask.per_node}"
 
-    def job(self, job_id: str) -> sp.SlurmJob | None:
+    def state(self, ref: str) -> alloc.AllocState:
+        from gpufleet.backends.slurm import state_of
+
         self.calls += 1
-        return self.states(self.calls)
+        return state_of(self.states(self.calls))
 
-    def cancel(self, job_id: str) -> None:
-        self.cancelled.append(job_id)
+    def cancel(self, ref: str) -> None:
+        self.cancelled.append(ref)
+
+    def queued(self) -> list[alloc.Queued]:
+        return []
+
+    def dry_run(self, ask: alloc.Ask | None, ref: str, node_ids: list[str],
+                job_dir: Path) -> list[str]:
+        return []
+
+    def shell(self, ref: str, node_id: str, argv: list[str],
+              env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        return argv, env
 
 
 def _job(state: str, reason: str = "None",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.backends.base import Prepared
 from gpufleet.backends.fake import Exit, FakeBackend, FakeRun, Line, Pause, Send, WorkerEvent
 from gpufleet.lifecycle import clusters, jobs
 from gpufleet.lifecycle.status import JobStatus
@@ -134,7 +135,7 @@ def test_a_supervisor_error_fails_the_job_with_its_traceback_kept(store: Store) 
         yield Exit(0)
 
     class Broken(FakeBackend):
-        def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> object:  # type: ignore[override]
+        def start(self, prepared: Prepared, env: dict[str, str], cwd: Path) -> object:  # type: ignore[override]
             raise OSError("no such launcher")
 
     job, _, _ = _run(store, Broken(handler))

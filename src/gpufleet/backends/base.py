@@ -1,9 +1,9 @@
 """The one interface every engine implements.
 
 Code outside `backends/` calls this protocol and reads `backend.capabilities` (what each kind
-can do is in `kinds.py`); it never compares a backend's name. A third engine (Slurm,
-Kubernetes) is a new module here that mypy checks against `Backend`, and a row in
-`kinds.CAPABILITIES`.
+can do is in `kinds.py`); it never compares a backend's name. A new engine (Kubernetes, SSH)
+is a new module here that mypy checks against `Backend` (and `alloc.Allocating` if it grants
+the nodes itself), a row in `kinds.CAPABILITIES` and its entry in `registry.ENGINES`.
 """
 
 from __future__ import annotations
@@ -80,7 +80,10 @@ class Backend(Protocol):
         """The command, environment (what gpufleet adds) and files of one run."""
         ...
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle: ...
+    def start(self, prepared: Prepared, env: dict[str, str], cwd: Path) -> Handle:
+        """Start the run `prepare` returned: its `argv` in `cwd` with `env`, the whole
+        environment it gets (its `env` merged over this process's and the job's own)."""
+        ...
 
     def poll(self, handle: Handle) -> int | None: ...
 

@@ -170,8 +170,8 @@ class FakeBackend:
                         {"GPUFLEET_REPORT_ADDR": run.ctx.report_addr,
                          "GPUFLEET_WORKERS": str(run.workers)})
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
-        run = FakeRun(len(self.starts) + 1, argv, env, cwd, int(env.get("GPUFLEET_WORKERS", 1)))
+    def start(self, prepared: Prepared, env: dict[str, str], cwd: Path) -> Handle:
+        run = FakeRun(len(self.starts) + 1, prepared.argv, env, cwd, int(env.get("GPUFLEET_WORKERS", 1)))
         self.starts.append(run)
         return FakeHandle(run, self.handler(run), env["GPUFLEET_REPORT_ADDR"],
                           signer_from_env(env))

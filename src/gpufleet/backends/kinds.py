@@ -3,18 +3,41 @@ kind) and the allocator can ask without importing any engine or the backend prot
 
 Code outside `backends/` never asks which engine a pool is: it asks `capabilities(kind)` (for
 a spec or a stored cluster, before any backend object exists) or `backend.capabilities`. A new
-engine (Slurm, Kubernetes) is a row in `CAPABILITIES`, not a branch in the supervisor, the CLI
-and the allocator.
+engine (Slurm, Kubernetes) is a row in `CAPABILITIES` (and its entry in `registry.ENGINES`),
+not a branch in the supervisor, the CLI and the allocator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Any
 
-Kind = Literal["local", "ray", "sim", "slurm"]
-KINDS: tuple[Kind, ...] = ("local", "ray", "sim", "slurm")
+from gpufleet.errors import excerpt
+
+
+def check_kind(kind: str) -> str:
+    """`kind` when an engine of that kind is known (built in, or registered at run time)."""
+    if kind not in CAPABILITIES:
+        names = [f"'{k}'" for k in CAPABILITIES]
+        allowed = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+        raise ValueError(f"'{excerpt(kind)}' is not allowed; allowed: {allowed}")
+    return kind
+
+
+class _Known:
+    """Makes a spec's `backend: Kind` check the kind against `CAPABILITIES` when pydantic
+    validates it (pydantic is imported only then: this module stays a light leaf)."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_after_validator_function(check_kind, handler(source))
+
+
+# A kind is a name in `CAPABILITIES`, not a closed list: a new engine adds its row (a test's
+# toy engine at run time) and specs, stored clusters and pools accept it with no other change.
+Kind = Annotated[str, _Known()]
+KINDS: tuple[str, ...] = ("local", "ray", "sim", "slurm")  # the built-in engines
 
 
 @dataclass(frozen=True)
@@ -36,7 +59,8 @@ class Capabilities:
         return not self.simulated
 
 
-CAPABILITIES: Mapping[Kind, Capabilities] = {
+# a dict, not a frozen mapping: an engine registered at run time (a test's toy engine) adds its row
+CAPABILITIES: dict[str, Capabilities] = {
     "local": Capabilities(this_host=True, multi_node=False, elastic=True, ssh=True,
                           simulated=False, samples_devices=True),
     "ray": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=True,
@@ -53,4 +77,4 @@ def capabilities(kind: str | None) -> Capabilities:
     for known, caps in CAPABILITIES.items():
         if known == (kind or "local"):
             return caps
-    raise ValueError(f"unknown backend kind {kind!r}; known: {', '.join(KINDS)}")
+    raise ValueError(f"unknown backend kind {kind!r}; known: {', '.join(CAPABILITIES)}")

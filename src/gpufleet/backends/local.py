@@ -203,7 +203,10 @@ class LocalBackend:
     def report_host(self) -> str:
         return ADDRESS
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
+    def start(self, prepared: base.Prepared, env: dict[str, str], cwd: Path) -> Handle:
+        return self.spawn(prepared.argv, env, cwd)
+
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
         """Start `argv` (never through a shell) under a keeper in a new session, merging
         stderr into stdout. If we die, however we die, the keeper ends the whole tree
         (backends/keeper.py says why not a parent-death signal on torchrun itself), so a
@@ -224,7 +227,7 @@ class LocalBackend:
         """Run `argv` to its end and return (output, exit code); None as the code when it ran past
         `timeout_s`. On a timeout or an interrupt (Ctrl-C) the whole tree is killed first, so a
         one-off measurement never leaves workers behind."""
-        handle = self.start(argv, env, cwd)
+        handle = self.spawn(argv, env, cwd)
         timed_out = False
         try:
             out, _ = handle.proc.communicate(timeout=timeout_s)

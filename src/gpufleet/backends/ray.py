@@ -209,8 +209,8 @@ class RayBackend:
         """The nodes the driver named lost (Ray may not have marked them dead yet)."""
         return take_lost(job_dir / PLAN_FILE)
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
-        return self.procs.start(argv, auth_env(env, self.token_path), cwd)
+    def start(self, prepared: Prepared, env: dict[str, str], cwd: Path) -> Handle:
+        return self.procs.start(prepared, auth_env(env, self.token_path), cwd)
 
     def poll(self, handle: Handle) -> int | None:
         return self.procs.poll(handle)

@@ -109,7 +109,7 @@ class SimBackend:
     def prepare(self, run: RunRequest) -> Prepared:
         raise ConflictError(f"cluster {run.cluster_name}: {RUNS_NOTHING}")
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
+    def start(self, prepared: Prepared, env: dict[str, str], cwd: Path) -> Handle:
         raise ConflictError(RUNS_NOTHING)
 
     def poll(self, handle: Handle) -> int | None:

@@ -10,9 +10,10 @@ What a node offers is read from what the site already configured for Slurm:
     feature gpufleet-simulated  the GPUs are declared for tests and run as CPU workers
     State                  idle, mixed, allocated, drained, down; drained or down is lost
 
-Slurm does the allocating (`capabilities.allocates`): `lifecycle.engine_alloc` asks with
-`sbatch`, waits while Slurm queues it (saying Slurm's pending reason) and records what Slurm
-granted as the cluster's reservation, with the Slurm job id as `engine_ref`; `stop` cancels it.
+Slurm does the allocating (`capabilities.allocates`; `alloc.Allocating` here): an allocation
+is an `sbatch` job, its pending reason Slurm's own, and `lifecycle.engine_alloc` waits while
+Slurm queues it and records what Slurm granted as the cluster's reservation, with the Slurm job
+id as `engine_ref`; `stop` cancels it.
 A run is `gpufleet.backends.slurm_run`, a local driver that starts one `srun` step per node.
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import psutil
 
+from gpufleet.backends import alloc
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
 from gpufleet.backends.base import Handle, Prepared, RunRequest
@@ -104,40 +106,46 @@ class SlurmBackend:
     def partitions(self) -> list[str]:
         return parse.partitions(self.checked(cmds.show_partitions()))
 
-    # -- allocations (lifecycle.engine_alloc decides; these only ask) ---------------------------
-    def ask(self, cluster: str, gpu: str, count: int, nodes: int, time_limit_s: float | None,
-            exclude: tuple[str, ...] = (), user: str = "",
-            network: str | None = None) -> cmds.Ask:
-        """The sbatch request for `count` GPUs of catalog type `gpu` over `nodes` nodes, named
-        the way this partition's nodes name that type (and, where its nodes differ in network,
-        constrained to the feature that names the asked one)."""
+    # -- allocations (alloc.Allocating: lifecycle.engine_alloc decides; these only ask) -------
+    engine_name = "Slurm"
+    alloc_word = "Slurm job"
+
+    @property
+    def where(self) -> str:
+        return f"partition {self.partition or '(default)'}"
+
+    def sbatch_ask(self, ask: alloc.Ask) -> cmds.Ask:
+        """The sbatch request for `ask`, its GPUs named the way this partition's nodes name
+        that type (and, where its nodes differ in network, constrained to the feature that
+        names the asked one)."""
         typed = [n for n in (self.seen or self.slurm_nodes())
-                 if n.node.devices and n.node.devices[0].gpu == gpu]
+                 if n.node.devices and n.node.devices[0].gpu == ask.gpu]
         gres_type = next((n.gres_type for n in typed if n.gres_type), "")
         feature = "" if gres_type else next((n.feature_type for n in typed if n.feature_type), "")
-        if network and len({n.node.inter_fabric for n in typed}) > 1:
+        if ask.network and len({n.node.inter_fabric for n in typed}) > 1:
             names = next((f for n in typed for f in n.features
-                          if parse.NETWORK_FEATURES.get(f.lower()) == network), "")
+                          if parse.NETWORK_FEATURES.get(f.lower()) == ask.network), "")
             feature = "&".join(f for f in (feature, names) if f)
         per_gpu = [(n.cpus // len(n.node.devices), n.memory_mb // len(n.node.devices))
                    for n in typed if n.node.devices]
         return cmds.Ask(
-            cluster=cluster, nodes=nodes, per_node=count // nodes, gres_type=gres_type,
+            cluster=ask.cluster, nodes=ask.nodes, per_node=ask.per_node, gres_type=gres_type,
             feature=feature, partition=self.partition, account=self.account,
-            time_limit_s=time_limit_s, exclude=exclude, whole_nodes=nodes > 1,
+            time_limit_s=ask.time_limit_s, exclude=ask.exclude, whole_nodes=ask.nodes > 1,
             cpus_per_gpu=max(1, min(c for c, _ in per_gpu)) if per_gpu else 0,
-            mem_per_gpu_mb=min(m for _, m in per_gpu) if per_gpu else 0, user=user)
+            mem_per_gpu_mb=min(m for _, m in per_gpu) if per_gpu else 0, user=ask.user)
 
-    def submit(self, ask: cmds.Ask) -> str:
-        """The new Slurm job's id; what sbatch refuses at once is an AllocationError with
-        Slurm's own reason."""
-        done = self.call(cmds.sbatch(ask))
+    def request(self, ask: alloc.Ask) -> tuple[str, str]:
+        """sbatch: the new Slurm job's id and its shape; what sbatch refuses at once is an
+        AllocationError with Slurm's own reason."""
+        sb = self.sbatch_ask(ask)
+        done = self.call(cmds.sbatch(sb))
+        shape = f"{sb.nodes} node(s) x --gres={sb.gres}"
         if done.returncode != 0:
             why = _first(done.stderr).removeprefix("sbatch: error: ")
             raise AllocationError(f"slurm: {why or 'sbatch refused the request'} (partition "
-                                  f"{ask.partition or 'default'}: {ask.nodes} node(s) x "
-                                  f"--gres={ask.gres})")
-        return done.stdout.strip().split(";", 1)[0]
+                                  f"{sb.partition or 'default'}: {shape})")
+        return done.stdout.strip().split(";", 1)[0], shape
 
     def job(self, job_id: str) -> parse.SlurmJob | None:
         """The job as Slurm shows it; None once Slurm has forgotten it."""
@@ -146,32 +154,41 @@ class SlurmBackend:
             return None
         return parse.job_of(done.stdout.strip())
 
-    def cancel(self, job_id: str) -> None:
+    def state(self, ref: str) -> alloc.AllocState:
+        return state_of(self.job(ref))
+
+    def cancel(self, ref: str) -> None:
         """scancel; a job Slurm has already forgotten is fine."""
-        done = self.call(cmds.scancel(job_id))
+        done = self.call(cmds.scancel(ref))
         if done.returncode != 0 and not any(gone in done.stderr for gone in (
                 "Invalid job id", "already completing or completed")):
-            raise ConflictError(f"pool {self.pool}: scancel {job_id}: {_first(done.stderr)}")
+            raise ConflictError(f"pool {self.pool}: scancel {ref}: {_first(done.stderr)}")
 
-    def queue(self) -> dict[str, tuple[str, str, str]]:
-        """gpufleet's jobs in Slurm's queue: id -> (state, reason, nodes)."""
+    def queued(self) -> list[alloc.Queued]:
+        """gpufleet's jobs in Slurm's queue (squeue)."""
         done = self.call(cmds.mine(), timeout=10.0)
-        out = {}
+        out = []
         for row in done.stdout.splitlines():
             parts = row.split("|")
             if len(parts) == 5 and parts[1].startswith(cmds.JOB_PREFIX):
-                out[parts[0]] = (parts[2], parts[3], parts[4])
+                out.append(alloc.Queued(parts[0], parts[2], parse.reason_text(parts[3]),
+                                        parts[4], pending=parts[2] == "PENDING"))
         return out
 
-    def dry_run(self, ask: cmds.Ask | None, job_id: str, node_ids: list[str],
-                plan_path: Path) -> list[str]:
-        """The command lines a run would use: the sbatch of a new allocation (`ask`), then one
-        srun step per node."""
+    def dry_run(self, ask: alloc.Ask | None, ref: str, node_ids: list[str],
+                job_dir: Path) -> list[str]:
+        """The sbatch of a new allocation (`ask`), then one srun step per node."""
         from gpufleet.backends.slurm_run import node_argv
 
-        lines = [cmds.line(cmds.sbatch(ask))] if ask is not None else []
-        return lines + [cmds.line(cmds.srun(job_id, node, node_argv(i, plan_path)))
+        plan_path = job_dir / PLAN_FILE
+        lines = [cmds.line(cmds.sbatch(self.sbatch_ask(ask)))] if ask is not None else []
+        return lines + [cmds.line(cmds.srun(ref, node, node_argv(i, plan_path)))
                         for i, node in enumerate(node_ids)]
+
+    def shell(self, ref: str, node_id: str, argv: list[str],
+              env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """An srun step on the node inside the allocation (with a terminal for a shell)."""
+        return cmds.shell(ref, node_id, argv), self.env(env)
 
     # -- runs -----------------------------------------------------------------------------------
     def driver_argv(self, plan_path: Path) -> list[str]:
@@ -222,8 +239,8 @@ class SlurmBackend:
             probe.connect((socket.gethostbyname(addresses[0]), 9))  # UDP: picks a route only
             return str(probe.getsockname()[0])
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
-        return self.procs.start(argv, self.env(env), cwd)
+    def start(self, prepared: Prepared, env: dict[str, str], cwd: Path) -> Handle:
+        return self.procs.start(prepared, self.env(env), cwd)
 
     def poll(self, handle: Handle) -> int | None:
         return self.procs.poll(handle)
@@ -239,6 +256,18 @@ class SlurmBackend:
 
     def end_orphans(self) -> None:
         self.procs.end_orphans()
+
+
+def state_of(job: parse.SlurmJob | None) -> alloc.AllocState:
+    """A Slurm job in gpufleet's words: running with its grants, ended (or forgotten), or
+    pending with Slurm's reason (a job Slurm shows running before it lists the grants is still
+    pending, with no reason)."""
+    if job is None or job.ended:
+        return alloc.Ended(job.state if job else "gone from Slurm's queue")
+    if job.running and job.grants:
+        return alloc.Granted(job.grants)
+    reason = "" if job.running or job.reason == "None" else job.reason
+    return alloc.Pending(reason, parse.reason_text(reason), parse.never_clears(reason))
 
 
 def _first(text: str) -> str:

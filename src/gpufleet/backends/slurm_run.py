@@ -3,18 +3,15 @@
 `python -m gpufleet.backends.slurm_run PLAN.json` is what the supervisor starts in place of
 torchrun. For each node of the cluster's allocation it starts `srun --jobid J --nodelist NODE
 --overlap ... python -m gpufleet.backends.slurm_run --node I PLAN.json`; on the node that step
-runs the node's torchrun under a keeper (`ray_run.NodeAgent`, the same agent a Ray pool uses:
-it ends the node's whole tree when the step ends, and samples the node's devices for the
+runs the node's torchrun under a keeper (`node_driver.NodeAgent`, the same agent a Ray pool
+uses: it ends the node's whole tree when the step ends, and samples the node's devices for the
 supervisor, signed with the job's key). The plan, the job's script and gpufleet itself must be
 at the same paths on the nodes, as on a Slurm cluster's shared file system.
 
-The driver, like the Ray one:
-- prints every line as `[NODE rankN]:` (the node's name in the cluster: head, worker1, ...);
-- fails fast: the first node to fail, or to be lost (srun's `Node failure on NODE`, or Slurm
-  marking the node down), ends every other node's step at once, and the driver exits naming
-  it: NODE_LOST_EXIT with a `NodeLostError:` line for a lost node, so the supervisor heals;
-- exits 0 when every node's torchrun did;
-- on SIGTERM ends every step (SIGTERM through srun, then `scancel` of what is left).
+The watch over the nodes is `node_driver.NodeDriver`'s, as for Ray (every line tagged with its
+node, fail fast, exit 0 when every node's torchrun did). A node is lost when srun says `Node
+failure on NODE`, Slurm marks it down, or its step does not answer; ending the nodes is
+SIGTERM through srun, then `scancel` of what is left.
 """
 
 from __future__ import annotations
@@ -35,11 +32,10 @@ from typing import IO, Any
 
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
-from gpufleet.backends.exits import NODE_LOST_EXIT
-from gpufleet.backends.ray_run import NodeAgent, tag
+from gpufleet.backends.node_driver import NodeAgent, NodeDriver, tag
 from gpufleet.reportauth import KEY_ENV
 
-POLL_S = 0.2
+POLL_S = 0.2  # how often a step's end is looked for while nodes are asked to end
 ANSWER_S = 10.0  # how long a step has to end when asked before its node counts as not answering
 CONFIRM_S = 15.0  # how long Slurm is then given to mark that node down
 _NO_ANSWER = "Timed out waiting for job step"  # srun, when the node's slurmd does not answer
@@ -57,10 +53,12 @@ def node_argv(index: int, plan_path: Path) -> list[str]:
             str(plan_path)]
 
 
-class Driver:
+class Driver(NodeDriver):
+    """A run's nodes as `srun` steps inside the cluster's Slurm allocation."""
+
     def __init__(self, plan: dict[str, Any], plan_path: Path):
-        self.plan, self.plan_path = plan, plan_path
-        self.nodes: list[dict[str, Any]] = plan["nodes"]
+        super().__init__(plan, plan_path.with_suffix(".lost"))
+        self.plan_path = plan_path
         self.job_id: str = plan["job_id"]
         self.env = dict(os.environ)
         if plan.get("slurm_conf"):
@@ -68,21 +66,9 @@ class Driver:
         self.steps: list[subprocess.Popen[bytes]] = []
         self.lines: queue.Queue[tuple[int, str]] = queue.Queue()
         self.said: list[tuple[int, str]] = []  # srun's own lines by node, read for failures
-        self.stop_asked = False
+        self.how = ""
 
-    def say(self, text: str) -> None:
-        sys.stdout.write(f"gpufleet: {text}\n")
-        sys.stdout.flush()
-
-    def lost(self, text: str, names: set[str]) -> None:
-        """The line the supervisor reads as the run's error, and the lost nodes beside the plan
-        so the heal replaces them even before Slurm marks them down."""
-        sys.stdout.write(f"NodeLostError: {text}\n")
-        sys.stdout.flush()
-        with contextlib.suppress(OSError):
-            self.plan_path.with_suffix(".lost").write_text(json.dumps(sorted(names)))
-
-    def run(self) -> int:
+    def place(self) -> int | None:
         for i, n in enumerate(self.nodes):
             argv = cmds.srun(self.job_id, n["node_id"], node_argv(i, self.plan_path))
             step = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -92,7 +78,7 @@ class Driver:
             threading.Thread(target=self._read, args=(i, step.stdout), daemon=True).start()
         self.say(f"torchrun starting on {len(self.nodes)} node(s) of Slurm job {self.job_id}: "
                  + ", ".join(f"{n['name']} ({n['node_id']})" for n in self.nodes))
-        return self._watch()
+        return None
 
     def _read(self, i: int, out: IO[bytes] | None) -> None:
         assert out is not None
@@ -110,36 +96,22 @@ class Driver:
             sys.stdout.write(tag(self.nodes[i]["name"], text) + "\n")
         sys.stdout.flush()
 
-    def _watch(self) -> int:
-        while True:
+    def poll(self) -> tuple[dict[int, int], set[str]]:
+        self._drain()
+        codes = {i: c for i, s in enumerate(self.steps) if (c := s.poll()) is not None}
+        if len(codes) == len(self.steps):
             self._drain()
-            if self.stop_asked:
-                self.say("stop asked: ending torchrun on every node")
-                self._end_all(grace_s=10.0)
-                return 143
-            codes = [s.poll() for s in self.steps]
-            named = lost_named(text for _, text in self.said)
-            failed = next(((i, c) for i, c in enumerate(codes) if c not in (None, 0)), None)
-            if named or failed is not None:
-                lost, how = self._find_lost()
-                if lost:
-                    where = ", ".join(f"{n['name']} ({n['node_id']})" for n in self.nodes
-                                      if n["node_id"] in lost)
-                    self.lost(f"node {where or ', '.join(sorted(lost))} of Slurm job "
-                              f"{self.job_id} was lost mid-job ({how}); ending the other "
-                              "nodes", lost)
-                    self._end_all(grace_s=5.0)
-                    return NODE_LOST_EXIT
-                assert failed is not None
-                i, code = failed
-                self.say(f"node {self.nodes[i]['name']} exited with code {code}; ending the "
-                         "other nodes")
-                self._end_all(grace_s=10.0)
-                return code
-            if all(c == 0 for c in codes):
-                self._drain()
-                return 0
-            time.sleep(POLL_S)
+        return codes, set()
+
+    def suspect(self) -> bool:
+        return bool(lost_named(text for _, text in self.said))
+
+    def confirm_lost(self) -> tuple[set[str], str]:
+        return self._find_lost()
+
+    def lost_text(self, lost: set[str], how: str) -> str:
+        return (f"node {self.named(lost)} of Slurm job {self.job_id} was lost mid-job ({how}); "
+                "ending the other nodes")
 
     def _find_lost(self) -> tuple[set[str], str]:
         """After a step failed: was a node lost? A peer's death shows first as a connection
@@ -187,7 +159,7 @@ class Driver:
         return {n.node.id for n in parse.nodes_of(done.stdout, None)
                 if n.node.id in mine and not n.node.healthy}
 
-    def _end_all(self, grace_s: float) -> None:
+    def end_all(self, grace_s: float) -> None:
         """SIGTERM through srun (it forwards the signal to the step), then `scancel` the run's
         steps that are still there, then SIGKILL the sruns."""
         for s in self.steps:

@@ -73,8 +73,9 @@ def _table(rows: list[dict[str, Any]], now: float) -> Any:
     for r in rows:
         held = r["status"] == "queued" and (r.get("held_by") or r.get("wait") == "held")
         status = "held" if held else r["status"]
-        if r.get("slurm"):  # Slurm's own state of the allocation (squeue)
-            status += f" (Slurm {r['slurm']['id']}: {r['slurm']['state'].lower()})"
+        if r.get("allocation"):  # the engine's own state of the allocation (Slurm's squeue)
+            a = r["allocation"]
+            status += f" ({a['engine']} {a['id']}: {a['state'].lower()})"
         cost = r.get("cost_usd")
         t.add_row(r["name"], r.get("user") or "-", status,
                   "-" if r.get("priority") is None else str(r["priority"]),
@@ -115,7 +116,7 @@ def jobs(
                              everyone=True)
         from gpufleet.lifecycle import engine_alloc
 
-        rows = engine_alloc.queue_rows(st, rows, now)  # Slurm's own state, where a pool is Slurm
+        rows = engine_alloc.queue_rows(st, rows, now)  # the engine's own state, where it allocates
     if as_json:
         print_json(rows)
         return

@@ -86,14 +86,13 @@ def invocation(store: Store, name: str, command: list[str], cwd: Path | None) ->
     argv = command or [os.environ.get("SHELL") or "/bin/bash"]
     env = merge_env(dict(os.environ), preset, {})
     if capabilities(cluster.backend).allocates:  # a step inside the cluster's allocation
-        from gpufleet.backends import slurm_cmds
         from gpufleet.lifecycle import engine_alloc
 
-        engine = engine_alloc.pool_backend(store, cluster.pool)
-        node_id = clusters.placements(store, cluster)[node].node_id
-        return Invocation(slurm_cmds.shell(cluster.engine_ref or "", node_id, argv),
-                          engine.env(env) if engine is not None else env,
-                          cwd or Path(cluster.scratch_dir))
+        engine = engine_alloc.allocator(store, cluster.pool)
+        if engine is not None:
+            node_id = clusters.placements(store, cluster)[node].node_id
+            argv, env = engine.shell(cluster.engine_ref or "", node_id, argv, env)
+            return Invocation(argv, env, cwd or Path(cluster.scratch_dir))
     if not is_here(address):  # another machine of a Ray pool: over ssh, with the same settings
         remote = ["env", *(f"{k}={v}" for k, v in sorted(preset.items())), *argv]
         argv, env = ["ssh", "-t", address, shlex.join(remote)], dict(os.environ)

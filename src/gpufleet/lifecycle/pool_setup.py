@@ -1,5 +1,6 @@
-"""Adding pools: checking what the user asked for, reaching an existing Ray cluster, starting a
-local one, and stopping the one gpufleet started when its pool goes.
+"""Adding pools: naming and recording a pool whose kind checked and probed what the user gave
+(each kind's part is its entry in `backends.registry.ENGINES`), starting a local Ray cluster,
+and stopping the one gpufleet started when its pool goes.
 
 `lifecycle.pools` keeps the records; this module does what `pool add`, `pool up`, `pool down`
 and `pool remove` do around them, so a caller other than the CLI gets the same refusals.
@@ -8,24 +9,24 @@ and `pool remove` do around them, so a caller other than the CLI gets the same r
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpufleet import catalog
+from gpufleet.backends import registry
+from gpufleet.backends.adders import AddRequest
 from gpufleet.catalog import GpuType
 from gpufleet.errors import ConflictError, SpecError
 from gpufleet.lifecycle import pools
-from gpufleet.pool.model import FABRIC_LEVEL, Node
+from gpufleet.pool.model import FABRIC_LEVEL
 from gpufleet.store import Pool, Store, gpufleet_home
 from gpufleet.vocab import INTER_NODE_NETWORKS
 
 if TYPE_CHECKING:
     from gpufleet.backends.ray_local import LocalRay
 
-ADDABLE = ("ray", "slurm", "sim")  # `pool add KIND`; this host is the built-in pool 'local'
 NODE_NETWORKS = INTER_NODE_NETWORKS
 
 
@@ -39,106 +40,30 @@ class Added:
     summary: str  # what `pool add` says of it, e.g. "simulated, 1000 nodes, 8000 devices"
 
 
-def add_ray(store: Store, name: str | None, address: str | None, shapes: list[str],
-            token_file: Path | None, make_default: bool) -> Added:
-    """Register an existing Ray cluster once it is reachable with its token; the token is copied
-    beside the pool, and forgotten again if the cluster cannot be added."""
-    from gpufleet.backends import ray_auth
-    from gpufleet.backends.ray import RayBackend
-
-    pool_name = pools.check_name_field(name or "ray")
-    if address is None or shapes:
-        raise SpecError([("address", "a Ray pool needs --address HOST:PORT (and no --shape)")])
-    pools.check_address(address)
-    pools.check_free_name(store, pool_name)
-    given = ray_auth.given_token(token_file, os.environ, Path.home())
-    path = None if given is None else ray_auth.save_token(
-        ray_auth.pool_token_path(gpufleet_home(), pool_name), given.token)
-    try:  # reachable, the token accepted, and what it has
-        found: list[Node] = RayBackend(pool_name, address, path,
-                                       token_source=given.source if given else None,
-                                       adding=True).discover()
-        pools.add(store, pool_name, "ray", address, {"token_file": str(path)} if path else {},
-                  make_default)
-    except BaseException:
-        if path is not None:
-            ray_auth.forget(path)
-        raise
-    live = [n for n in found if n.healthy]
-    devices = sum(len(n.devices) for n in live)
-    return Added(pool_name, len(live), devices,
-                 f"Ray cluster at {address}, {len(live)} live node(s), {devices} device(s)")
-
-
-def add_sim(store: Store, name: str | None, address: str | None, shapes: list[str],
-            token_file: Path | None, make_default: bool) -> Added:
-    """Register a synthetic pool of declared devices (`--shape NODESxGPU:PER_NODE`)."""
-    from gpufleet.backends import sim
-
-    pool_name = pools.check_name_field(name or "sim")
-    if address is not None or token_file is not None:
-        field = "address" if address is not None else "token_file"
-        raise SpecError([(field, f"a sim pool has no {field.replace('_', ' ')}; give --shape")])
-    parsed = sim.parse_shapes(shapes)
-    pools.add(store, pool_name, "sim", None, {"shapes": [x.text() for x in parsed]}, make_default)
-    nodes, devices = sum(x.nodes for x in parsed), sum(x.nodes * x.per_node for x in parsed)
-    return Added(pool_name, nodes, devices, f"simulated, {nodes} nodes, {devices} devices")
-
-
-def add_slurm(store: Store, name: str | None, partition: str | None, account: str | None,
-              make_default: bool) -> Added:
-    """Register a Slurm partition reachable with this machine's Slurm client commands (and its
-    $SLURM_CONF, kept with the pool); no --partition: the cluster's default partition."""
-    from gpufleet.backends.slurm import SlurmBackend
-
-    pool_name = pools.check_name_field(name or "slurm")
-    pools.check_free_name(store, pool_name)
-    conf = os.environ.get("SLURM_CONF") or None
-    probe = SlurmBackend(pool_name, None, account, conf)
-    known = probe.partitions()
-    if partition is None:
-        partition = probe.default_partition()
-        if partition is None:
-            raise SpecError([("partition", "the Slurm cluster has no default partition; give "
-                              f"--partition, one of: {', '.join(known) or 'none'}")])
-    elif partition not in known:
-        raise SpecError([("partition", f"'{partition}' is not a partition of this Slurm "
-                          f"cluster; allowed: {', '.join(known) or 'none'}")])
-    found = SlurmBackend(pool_name, partition, account, conf).discover()
-    settings = {"partition": partition, "account": account, "slurm_conf": conf}
-    pools.add(store, pool_name, "slurm", None, {k: v for k, v in settings.items() if v},
-              make_default)
-    live = [n for n in found if n.healthy]
-    devices = sum(len(n.devices) for n in found)
-    types = ", ".join(sorted({d.gpu for n in found for d in n.devices})) or "no GPUs"
-    return Added(pool_name, len(live), devices,
-                 f"Slurm partition {partition}, {len(found)} node(s) ({len(live)} up), "
-                 f"{devices} GPU(s): {types}")
-
-
 def add(store: Store, kind: str, name: str | None, address: str | None, shapes: list[str],
         token_file: Path | None, make_default: bool, partition: str | None = None,
         account: str | None = None) -> Added:
-    """`pool add KIND ...`: the kind's own checks and registration."""
-    kind = check_kind(kind)
-    given = [f for f, v in (("partition", partition), ("account", account)) if v is not None]
-    if kind == "slurm":
-        wrong = [f for f, v in (("address", address), ("token_file", token_file),
-                                ("shape", shapes or None)) if v is not None]
-        if wrong:
-            raise SpecError([(wrong[0], "a Slurm pool takes --partition and --account only")])
-        return add_slurm(store, name, partition, account, make_default)
-    if given:
-        raise SpecError([(given[0], f"--{given[0]} is for a Slurm pool, not a {kind} pool")])
-    adder = {"ray": add_ray, "sim": add_sim}[kind]
-    return adder(store, name, address, shapes, token_file, make_default)
+    """`pool add KIND ...`: the kind's own checks and probe (`backends.adders`), then the
+    record; what the probe left (a token's copy) is undone if the record cannot be written."""
+    adder = registry.engine(check_kind(kind)).add
+    assert adder is not None  # check_kind takes only the kinds with one
+    pool_name = pools.check_name_field(name or kind)
+    got = adder(AddRequest(pool_name, address, shapes, token_file, partition, account,
+                           gpufleet_home(), lambda: pools.check_free_name(store, pool_name)))
+    try:
+        pools.add(store, pool_name, kind, got.address, got.settings, make_default)
+    except BaseException:
+        got.undo()
+        raise
+    return Added(pool_name, got.nodes, got.devices, got.summary)
 
 
 def check_kind(kind: str) -> str:
     """The kind `pool add` was given, refused before the store is opened."""
-    if kind not in ADDABLE:
-        raise SpecError([("kind", f"'{kind}' is not allowed; allowed: {', '.join(ADDABLE)} (this "
-                          "host is the built-in pool 'local')")])
+    if kind not in registry.addable():
+        raise SpecError([("kind", f"'{kind}' is not allowed; allowed: "
+                          f"{', '.join(registry.addable())} (this host is the built-in pool "
+                          "'local')")])
     return kind
 
 

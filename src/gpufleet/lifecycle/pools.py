@@ -7,15 +7,15 @@ Like clusters.py, this is the store side; discovery and processes are the backen
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
+from gpufleet.backends.adders import check_address as check_address  # `pool add ray` checks it
 from gpufleet.backends.base import Backend
-from gpufleet.backends.registry import open_backend
+from gpufleet.backends.registry import open_backend, where
 from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
 from gpufleet.lifecycle import clusters
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE
@@ -24,16 +24,6 @@ from gpufleet.spec import check_name
 from gpufleet.store import Cluster, Pool, Store, gpufleet_home
 
 LOCAL = "local"
-_ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
-
-
-def check_address(address: str) -> str:
-    if not _ADDRESS.match(address) or not 0 < int(address.rsplit(":", 1)[1]) < 65536:
-        raise SpecError([("address", f"'{address}' is not HOST:PORT of a Ray head, e.g. "
-                          "10.0.0.5:6379")])
-    return address
-
-
 def all_pools(store: Store) -> list[Pool]:
     with store.read() as s:
         return list(s.scalars(select(Pool).order_by(Pool.id)).all())
@@ -139,8 +129,8 @@ def remove(store: Store, name: str) -> Pool:
 def backend_for(pool: Pool | None, cpu_slots: int | None = None) -> Backend:
     """The backend object that discovers the pool's nodes (and starts processes on them)."""
     if pool is None:
-        return open_backend("local", LOCAL, None, None, None, cpu_slots, gpufleet_home())
-    return open_backend(pool.kind, pool.name, pool.address, pool.spec_json, token_path(pool))
+        return open_backend("local", LOCAL, None, None, cpu_slots, gpufleet_home())
+    return open_backend(pool.kind, pool.name, pool.address, pool.spec_json)
 
 
 def token_path(pool: Pool) -> Path | None:
@@ -210,11 +200,7 @@ def listing(store: Store, name: str | None = None) -> list[dict[str, Any]]:
 
 
 def _where(p: Pool | None) -> str:
-    if p is None:
-        return "this host"
-    if p.kind == "slurm":
-        return f"partition {json.loads(p.spec_json or '{}').get('partition', '(default)')}"
-    return str(p.address or "simulated")
+    return "this host" if p is None else where(p.kind, p.address, p.spec_json)
 
 
 def grouped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy.orm import Session
 
+from gpufleet.backends.alloc import Allocating
 from gpufleet.errors import AllocationError
 from gpufleet.lifecycle import clusters, engine_alloc, pools, reconcile
 from gpufleet.pool.model import Placement
@@ -70,14 +71,13 @@ def provision(store: Store, spec: ClusterSpec, approve: Approve | None,
     pool cannot meet is refused before it is quoted. `approve` None: nobody is shown a quote
     (the server), so there is no dry run first; `launch` checks the same in its transaction.
     `user`: the server's user it is for; `then`: written in the reservation's transaction.
-    On an engine that allocates (Slurm) the request waits in the engine's queue; `say` hears
-    each change of its pending reason (default: stderr)."""
+    On an engine that allocates (`backends.alloc.Allocating`) the request waits in the
+    engine's queue; `say` hears each change of its pending reason (default: stderr)."""
     pool = pools.resolve(store, spec.pool, spec.backend)
     backend = pools.backend_for(pool, cpu_slots)
-    if backend.capabilities.allocates:
-        assert pool is not None
-        return _granted(store, spec, approve, cast(engine_alloc.Allocating, backend), pool.name,
-                        for_job, user, then,
+    if isinstance(backend, Allocating):
+        assert pool is not None  # this host grants nothing
+        return _granted(store, spec, approve, backend, pool.name, for_job, user, then,
                         say or _to_stderr)
     nodes = backend.discover()
     try:
@@ -101,10 +101,10 @@ def _to_stderr(text: str) -> None:
 
 
 def _granted(store: Store, spec: ClusterSpec, approve: Approve | None,
-             backend: engine_alloc.Allocating, pool: str,
+             backend: Allocating, pool: str,
              for_job: str | None, user: str | None,
              then: Callable[[Session, Cluster], None] | None, say: engine_alloc.Say) -> Cluster:
-    """A cluster the engine allocates: refused at once if the partition could never hold it,
+    """A cluster the engine allocates: refused at once if the pool could never hold it,
     quoted, submitted, waited for, then recorded as granted (the allocation is cancelled if
     recording fails)."""
     name = spec.name or clusters.new_name("cluster")
@@ -113,7 +113,7 @@ def _granted(store: Store, spec: ClusterSpec, approve: Approve | None,
     nodes = backend.discover()
     try:
         empty = engine_alloc.refuse_impossible(spec.gpu, spec.count, spec.nodes, spec.network,
-                                               nodes, f"partition {backend.partition}")
+                                               nodes, backend.where)
     except AllocationError as exc:
         raise AllocationError(f"{exc} [pool {pool}]") from None
     if approve is not None:

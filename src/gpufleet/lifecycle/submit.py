@@ -189,21 +189,21 @@ def engine_lines(store: Store, spec: JobSpec, cspec: ClusterSpec | None,
                  cluster: Cluster | None, placements: list[Placement]) -> tuple[str, ...]:
     """On an engine that allocates (Slurm): the sbatch a new cluster would submit (`cspec`) or
     the allocation an existing one holds, and the srun step per node; () elsewhere."""
-    from gpufleet.backends.slurm import PLAN_FILE
+    from gpufleet.backends.alloc import Ask
     from gpufleet.lifecycle import engine_alloc
 
     kind = cspec.backend if cspec is not None else cluster.backend if cluster else None
     if not capabilities(kind).allocates:
         return ()
     pool = cspec.pool if cspec is not None else cluster.pool if cluster else None
-    engine = engine_alloc.pool_backend(store, pool)
+    engine = engine_alloc.allocator(store, pool)
     if engine is None:
         return ()
-    ask = None if cspec is None else engine.ask(
+    ask = None if cspec is None else Ask(
         cspec.name or "", cspec.gpu, cspec.count, cspec.node_count, cspec.time_limit_s)
     job_id = cluster.engine_ref if cluster is not None and cluster.engine_ref else "$JOB_ID"
-    plan = gpufleet_home() / "jobs" / (spec.name or "") / PLAN_FILE
-    return tuple(engine.dry_run(ask, job_id, [p.node_id for p in placements], plan))
+    job_dir = gpufleet_home() / "jobs" / (spec.name or "")
+    return tuple(engine.dry_run(ask, job_id, [p.node_id for p in placements], job_dir))
 
 
 def resume_note(store: Store, job: Job, spec: JobSpec) -> str:

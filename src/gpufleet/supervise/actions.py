@@ -13,15 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
 from gpufleet import durable_copy
+from gpufleet.backends.alloc import Allocating
 from gpufleet.backends.base import RunRequest
-from gpufleet.errors import AllocationError, GpufleetError
+from gpufleet.errors import GpufleetError
 from gpufleet.launch import run_env
 from gpufleet.launch.torchrun import JobContext
-from gpufleet.lifecycle import clusters, engine_alloc, jobs
-from gpufleet.spec import ClusterSpec
+from gpufleet.lifecycle import clusters, engine_heal, jobs
 from gpufleet.store import Job
 from gpufleet.supervise import elastic, outcome
 from gpufleet.supervise import events as ev
@@ -29,8 +28,6 @@ from gpufleet.supervise.logs import LogSink, pump
 from gpufleet.supervise.run_state import RunState
 from gpufleet.supervise.state import State
 from gpufleet.supervise.telemetry import TelemetryState
-
-HEAL_WAIT_S = 600.0  # how long a heal waits in Slurm's queue for a new allocation
 
 
 class Effects:
@@ -114,7 +111,7 @@ class Effects:
         for stale in (self.control_path(), Path(f"{self.control_path()}.exited")):
             stale.unlink(missing_ok=True)  # requests to earlier workers (or an earlier supervisor)
         run.sink.run_started(time.time())  # its error records are the files written after
-        handle = run.backend.start(prepared.argv, env, Path(spec.workdir or "."))
+        handle = run.backend.start(prepared, env, Path(spec.workdir or "."))
         assert handle.stdout is not None
         reader = threading.Thread(target=pump, args=(handle.stdout, run.sink, run.lines,
                                                      self.stopping), daemon=True)
@@ -153,7 +150,7 @@ class Effects:
         """Replace the nodes the backend says were lost (or unhealthy), or go on without them."""
         run = self.run
         lost = run.backend.lost_nodes(Path(run.job.job_dir))
-        if run.backend.capabilities.allocates:
+        if isinstance(run.backend, Allocating):
             notes = self.reallocate(lost)
         else:
             nodes = [dataclasses.replace(n, healthy=False) if n.id in lost else n
@@ -167,47 +164,14 @@ class Effects:
         return ev.Healed(workers, tuple(notes))
 
     def reallocate(self, lost: set[str]) -> list[str]:
-        """On an engine that allocates (Slurm): after a run that lost a node (or whose
-        allocation ended), give the allocation back and ask for the same shape without the
-        lost nodes (a replacement node, at once, rather than Slurm's requeue, which waits out
-        its requeue delay); failing that, for the nodes left. Otherwise keep it."""
+        """On an engine that allocates: the heal `engine_heal.reallocate` decides with it."""
         run = self.run
-        c = run.cluster
-        engine = cast(engine_alloc.Allocating, run.backend)
-        mine = {p.node_id for p in clusters.placements(run.store, c)}
-        bad = (lost | {n.id for n in run.backend.discover() if not n.healthy}) & mine or lost
-        held = engine.job(c.engine_ref) if c.engine_ref else None
-        if not bad and held is not None and held.running:
-            return []  # a failure that lost no node: the next run uses the same allocation
-        old = c.engine_ref or "?"
-        if c.engine_ref:
-            engine.cancel(c.engine_ref)
-        limit = ClusterSpec.model_validate_json(c.spec_json).time_limit_s
-        left = None if limit is None else max(60.0, limit - (time.time() - (c.started_at or 0)))
-        per = c.count // c.nodes
-        keep = c.nodes - len(bad)
-        shapes = [c.nodes] + ([keep] if 0 < keep < c.nodes else [])
-        for i, want in enumerate(shapes):
-            try:
-                got = engine_alloc.grant(engine, c.name, c.gpu, per * want, want, c.network,
-                                         left, lambda t: run.lines.say(f"gpufleet: {t}"),
-                                         c.user or "", exclude=tuple(sorted(bad)),
-                                         deadline_s=HEAL_WAIT_S)
-            except AllocationError as exc:
-                if i + 1 < len(shapes):
-                    continue
-                raise AllocationError(f"node(s) {', '.join(sorted(bad))} lost and Slurm gives "
-                                      f"no new allocation: {exc}") from None
-            try:
-                run.cluster_changed(clusters.regrant(run.store, c.id, got.nodes, got.ref))
-            except BaseException:
-                engine.cancel(got.ref)
-                raise
-            fewer = "" if want == c.nodes else f"; going on with {want} node(s)"
-            return [f"node(s) {', '.join(sorted(bad))} lost with Slurm job {old}; new "
-                    f"allocation: Slurm job {got.ref} on {', '.join(n.id for n in got.nodes)} "
-                    f"(replacement nodes, not Slurm's requeue){fewer}"]
-        return []
+        if not isinstance(run.backend, Allocating):
+            return []
+        cluster, notes = engine_heal.reallocate(
+            run.store, run.backend, run.cluster, lost, lambda t: run.lines.say(f"gpufleet: {t}"))
+        run.cluster_changed(cluster)
+        return notes
 
     def resize(self, action: ev.Resize) -> ev.Resized:
         """Change the reservation of a cluster made for this job (a shared one: within it)."""

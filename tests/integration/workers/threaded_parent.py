@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpufleet.backends.base import Prepared
 from gpufleet.backends.local import LocalBackend
 
 
@@ -18,8 +19,8 @@ def main() -> None:
     for _ in range(8):
         threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
     counter = Path(__file__).with_name("term_counter.py")
-    LocalBackend(cpu_slots=1).start([sys.executable, str(counter), out], dict(os.environ),
-                                    Path.cwd())
+    LocalBackend(cpu_slots=1).start(Prepared([sys.executable, str(counter), out], {}),
+                                    dict(os.environ), Path.cwd())
     while True:
         time.sleep(1)
 

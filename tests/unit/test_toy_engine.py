@@ -1,0 +1,220 @@
+"""A third engine written only against `backends.base.Backend` and `backends.alloc.Allocating`,
+registered for the test (a row in `kinds.CAPABILITIES`, an entry in `registry.ENGINES`): it is
+added as a pool, allocates with a pending reason first, is provisioned through lifecycle's own
+orchestration against a real SQLite store, shows in `gpufleet jobs`' rows while it queues,
+loses a node and is healed by the policy, and is given back on stop. Nothing outside
+`backends/` knows its name."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufleet.backends import alloc, kinds, registry
+from gpufleet.backends.adders import AddRequest, Registration
+from gpufleet.backends.base import Handle, Prepared, RunRequest
+from gpufleet.backends.local import LocalBackend
+from gpufleet.errors import AllocationError
+from gpufleet.lifecycle import clusters, engine_alloc, engine_heal, pool_setup, pools, provision
+from gpufleet.pool.model import Device, Node
+from gpufleet.spec import ClusterSpec
+from gpufleet.store import Store
+
+TOY = kinds.Capabilities(this_host=False, multi_node=True, elastic=False, ssh=False,
+                         simulated=False, samples_devices=False, allocates=True)
+
+
+def _node(name: str) -> Node:
+    return Node(name, f"10.9.0.{name[1:]}", tuple(
+        Device(id=f"gpu{i}", index=i, gpu="H100-SXM", memory_bytes=80 * 10**9)
+        for i in range(2)), gpu_fabric="nvswitch", inter_fabric="infiniband",
+        free_disk_bytes=1 << 40)
+
+
+class ToyEngine:
+    """Grants whole free nodes in order; each new allocation is pending ("Quota") for its
+    first look, then granted. `lose` marks a node failed, as a run would find it."""
+
+    kind = "toy"
+    capabilities = TOY
+    engine_name = "Toy"
+    alloc_word = "toy allocation"
+    pids_here = True
+
+    def __init__(self, names: list[str]):
+        self.nodes = {n: _node(n) for n in names}
+        self.held: dict[str, list[str]] = {}  # live allocation -> its nodes
+        self.looks: dict[str, int] = {}
+        self.cancelled: list[str] = []
+        self.lost: set[str] = set()
+        self.asks: list[alloc.Ask] = []  # in the order of their refs: t1, t2, ...
+        self.procs = LocalBackend(cpu_slots=1)
+
+    # -- alloc.Allocating ------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.kind
+
+    @property
+    def where(self) -> str:
+        return "toy region"
+
+    def discover(self) -> list[Node]:
+        return [dataclasses.replace(n, healthy=n.id not in self.lost) for n in self.nodes.values()]
+
+    def request(self, ask: alloc.Ask) -> tuple[str, str]:
+        ref = f"t{len(self.looks) + 1}"
+        self.looks[ref] = 0
+        self.held[ref] = []
+        self.asks.append(ask)
+        return ref, f"{ask.nodes} x {ask.per_node} GPU(s)"
+
+    def state(self, ref: str) -> alloc.AllocState:
+        if ref not in self.held:
+            return alloc.Ended("released")
+        self.looks[ref] += 1
+        if self.looks[ref] == 1:
+            return alloc.Pending("Quota", "Quota (waiting for the toy quota)")
+        if not self.held[ref]:
+            ask = self.asks[int(ref[1:]) - 1]
+            busy = {n for nodes in self.held.values() for n in nodes} | self.lost
+            free = [n for n in self.nodes if n not in busy and n not in ask.exclude]
+            if len(free) < ask.nodes:
+                return alloc.Pending("Quota", "Quota (waiting for the toy quota)",
+                                     never_clears=True)
+            self.held[ref] = free[:ask.nodes]
+        return alloc.Granted(tuple((n, tuple(range(2))) for n in self.held[ref]))
+
+    def cancel(self, ref: str) -> None:
+        self.cancelled.append(ref)
+        self.held.pop(ref, None)
+
+    def queued(self) -> list[alloc.Queued]:
+        return [alloc.Queued(ref, "PENDING" if not nodes else "RUNNING",
+                             "" if nodes else "Quota", ",".join(nodes), pending=not nodes)
+                for ref, nodes in self.held.items()]
+
+    def dry_run(self, ask: alloc.Ask | None, ref: str, node_ids: list[str],
+                job_dir: Path) -> list[str]:
+        return [f"toy run {ref} on {n}" for n in node_ids]
+
+    def shell(self, ref: str, node_id: str, argv: list[str],
+              env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        return ["toy-shell", ref, node_id, *argv], env
+
+    # -- base.Backend: its runs are local processes, as Slurm's driver is ------------------------
+    def prepare(self, run: RunRequest) -> Prepared:
+        return Prepared(["true"], {})
+
+    def start(self, prepared: Prepared, env: dict[str, str], cwd: Path) -> Handle:
+        return self.procs.start(prepared, env, cwd)
+
+    def poll(self, handle: Handle) -> int | None:
+        return self.procs.poll(handle)
+
+    def signal(self, handle: Handle, sig: int) -> None:
+        self.procs.signal(handle, sig)
+
+    def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None:
+        self.procs.kill_tree(handle, grace_s)
+
+    def adopt_orphans(self) -> None:
+        self.procs.adopt_orphans()
+
+    def end_orphans(self) -> None:
+        self.procs.end_orphans()
+
+    def lost_nodes(self, job_dir: Path) -> set[str]:
+        return set(self.lost)
+
+    def node_lost(self, code: int, lines: list[str]) -> str | None:
+        return None
+
+    def report_host(self) -> str:
+        return "127.0.0.1"
+
+
+def _add(r: AddRequest) -> Registration:
+    r.claim()
+    return Registration(None, {"region": "r1"}, "toy region r1, 3 nodes", 3, 6)
+
+
+@pytest.fixture
+def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ToyEngine]:
+    engine = ToyEngine(["n1", "n2", "n3"])
+    monkeypatch.setenv("GPUFLEET_HOME", str(tmp_path / "home"))
+    monkeypatch.setitem(kinds.CAPABILITIES, "toy", TOY)
+    monkeypatch.setitem(registry.ENGINES, "toy", registry.Engine(
+        lambda _o: engine, lambda _a, s: f"toy region {s['region']}", _add))
+    monkeypatch.setattr(engine_alloc.time, "sleep", lambda _s: None)  # polls a plain object
+    yield engine
+
+
+def test_the_toy_engine_is_an_engine_that_allocates(toy: ToyEngine) -> None:
+    assert isinstance(toy, alloc.Allocating)
+    assert isinstance(registry.open_backend("toy", "p", None, "{}"), alloc.Allocating)
+    assert "toy" in registry.addable() and kinds.capabilities("toy").allocates
+
+
+def test_a_toy_cluster_is_granted_after_its_pending_reason_healed_and_given_back(
+        toy: ToyEngine, tmp_path: Path) -> None:
+    store = Store(url=f"sqlite:///{tmp_path}/s.db")
+    added = pool_setup.add(store, "toy", "p", None, [], None, True)
+    assert added.summary == "toy region r1, 3 nodes"
+    assert pools.listing(store, "p")[0]["where"] == "toy region r1"
+
+    said: list[str] = []
+    spec = ClusterSpec.parse(provision.with_pool(store, {
+        "name": "c", "gpu": "H100", "count": 4, "nodes": 2, "network": "infiniband"}))
+    assert spec.backend == "toy"  # the default pool's kind, accepted as a registered one
+    cluster = provision.provision(store, spec, None, say=said.append)
+    assert said[0] == "toy allocation t1 submitted (2 x 2 GPU(s))"
+    assert said[1].startswith("toy allocation t1 pending: Quota (waiting for the toy quota)")
+    assert said[2] == "toy allocation t1 running on n1, n2"
+    assert (cluster.engine_ref, cluster.nodes, cluster.count) == ("t1", 2, 4)
+    assert [p.node_id for p in clusters.placements(store, cluster)] == ["n1", "n2"]
+
+    toy.lost.add("n2")  # the run lost n2: the same size again without it, on n1 and n3
+    healed, notes = engine_heal.reallocate(store, toy, cluster, {"n2"}, said.append)
+    assert toy.cancelled == ["t1"]
+    assert notes == ["node(s) n2 lost with toy allocation t1; new allocation: toy allocation "
+                     "t2 on n1, n3 (replacement nodes, not Toy's requeue)"]
+    assert [p.node_id for p in clusters.placements(store, healed)] == ["n1", "n3"]
+    assert (healed.engine_ref, healed.nodes, healed.count) == ("t2", 2, 4)
+
+    toy.lost.add("n3")  # no third node left: the same size never clears, so fewer nodes
+    smaller, notes = engine_heal.reallocate(store, toy, healed, {"n3"}, said.append)
+    assert notes[0].endswith("; going on with 1 node(s)")
+    assert (smaller.engine_ref, smaller.nodes, smaller.count) == ("t4", 1, 2)
+    assert toy.cancelled == ["t1", "t2", "t3"]  # t3: the same size, refused as never clearing
+    assert [p.node_id for p in clusters.placements(store, smaller)] == ["n1"]
+
+    clusters.stop(store, "c")
+    assert toy.cancelled[-1] == "t4" and toy.held == {}
+
+
+def test_a_toy_allocation_still_pending_is_listed_with_the_engine_word(
+        toy: ToyEngine, tmp_path: Path) -> None:
+    store = Store(url=f"sqlite:///{tmp_path}/s.db")
+    pool_setup.add(store, "toy", "p", None, [], None, True)
+    toy.request(alloc.Ask("other", "H100-SXM", 2, 1))
+    rows = engine_alloc.queue_rows(store, [], 0.0)
+    assert [(r["name"], r["status"], r["reason"]) for r in rows] == [
+        ("(toy t1)", "pending in Toy", "Quota")]
+    assert rows[0]["allocation"]["engine"] == "Toy"
+
+
+def test_a_heal_that_lost_no_node_keeps_the_allocation(toy: ToyEngine, tmp_path: Path) -> None:
+    store = Store(url=f"sqlite:///{tmp_path}/s.db")
+    pool_setup.add(store, "toy", "p", None, [], None, True)
+    spec = ClusterSpec.parse(provision.with_pool(store, {"name": "k", "gpu": "H100", "count": 2,
+                                                         "nodes": 1}))
+    cluster = provision.provision(store, spec, None, say=lambda _t: None)
+    assert engine_heal.reallocate(store, toy, cluster, set(), lambda _t: None) == (cluster, [])
+    assert toy.cancelled == []
+    with pytest.raises(AllocationError, match="could never hold this"):
+        provision.provision(store, spec.model_copy(update={"name": "big", "count": 8,
+                                                           "nodes": 4}), None)
