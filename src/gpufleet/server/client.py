@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import errors
-from gpufleet.server import API_VERSION
+from gpufleet.server import API_VERSION, paths
 
 LOGIN_FILE = "login.json"
 TIMEOUT_S = 60.0
@@ -40,7 +40,7 @@ class Client:
 
     def call(self, method: str, path: str, body: Any = None,
              query: dict[str, Any] | None = None) -> Any:
-        if not self._checked and path != "/api/v1/version":
+        if not self._checked and path != paths.VERSION:
             self.check_version()
         q = {k: v for k, v in (query or {}).items() if v is not None}
         url = self.url + path + (f"?{urllib.parse.urlencode(q)}" if q else "")
@@ -70,7 +70,7 @@ class Client:
                                      "gpufleet server?") from None
 
     def check_version(self) -> None:
-        got = self.call("GET", "/api/v1/version")
+        got = self.call("GET", paths.VERSION)
         api = got.get("api") if isinstance(got, dict) else None
         if api != API_VERSION:
             from gpufleet import __version__
