@@ -1,5 +1,6 @@
-"""The CLI's side of the API: JSON over HTTP with the user's token, and the server's errors
-turned back into the same one-line errors (and exit codes) a local command gives.
+"""The CLI's transport to the API: JSON over HTTP with the user's token, and the server's
+errors turned back into the same one-line errors (and exit codes) a local command gives.
+Commands do not call it themselves: `cli/client_server.py` does, one method per route.
 
 Where the CLI finds a server: $GPUFLEET_SERVER and $GPUFLEET_TOKEN, else what `gpufleet login`
 saved in $GPUFLEET_HOME/login.json (0600).
