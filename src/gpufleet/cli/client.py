@@ -1,8 +1,10 @@
-"""The one interface every command reaches its state through: this machine's own
+"""The one interface commands reach their state through: this machine's own
 (`client_local.LocalClient`, the library called directly) or a team server's
 (`client_server.ServerClient`, the /api/v1 routes of `server/paths.py`). A command gets one with
 `connect.client()` and calls it the same way in both places, so it has one code path, and
-tests/integration/test_cli_parity.py runs every command both ways.
+tests/integration/test_cli_parity.py runs every command both ways. (The commands that set up
+this machine itself, `pool add|up|down|remove|use`, `ssh`, `exec`, `dashboard`, open its store
+directly; that test's NOT_CASES names them.)
 
 Methods are named for what a command asks. Most return data the command prints; `run`, `resume`,
 `logs` and `stop` carry out the whole exchange (a quote and a confirmation on this machine, the
