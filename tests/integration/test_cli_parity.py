@@ -107,9 +107,19 @@ def scenario(p: Place) -> None:
     p.do("prices", "prices", "--gpu", "H100")
     p.do("plan", "plan", "--model", "llama3-8b", "--gpu", "H100", "--count", "8")
     p.do("pool list", "pool", "list", "--json")
+    # last, as nothing before may see a team: here the machine's owner is an admin; through
+    # the server alice is not, so each change (and each admin's list) is refused there
+    p.do("admin user add", "admin", "user", "add", "par-bob", "--team", "ml")
+    p.do("admin user list", "admin", "user", "list")
+    p.do("admin quota set", "admin", "quota", "set", "ml", "cpu", "4")
+    p.do("admin budget set", "admin", "budget", "set", "ml", "100")
+    p.do("admin teams", "admin", "teams")
+    p.do("admin audit", "admin", "audit")
+    p.do("admin user remove", "admin", "user", "remove", "par-bob")
     if p.where == "server":  # they check this machine's own clusters: refused through a server
         p.do("doctor --cluster", "doctor", "--cluster", "par-a")
         p.do("bench allreduce", "bench", "allreduce", "--cluster", "par-a")
+    p.do("logout", "logout")  # the very last: after it the CLI works on its own home
 
 
 @pytest.fixture(scope="module")
@@ -283,8 +293,34 @@ def _refused(*words: str) -> Check:
     return check
 
 
-# case -> (the places it runs in, expected exit code, what proves it worked)
-CASES: dict[str, tuple[tuple[str, ...], int, Check]] = {
+def _admin(*words: str) -> Check:
+    """An admin command: done on this machine (its owner is an admin), refused through the
+    server (alice is not one) with one line naming the command."""
+    def check(r: subprocess.CompletedProcess[str], p: Place) -> None:
+        if p.where == "local":
+            assert r.returncode == 0 and all(w in r.stdout for w in words), (r.stdout, r.stderr)
+        else:
+            assert r.returncode == 2, (r.stdout, r.stderr)
+            _refused("only an admin may", USER)(r, p)
+    return check
+
+
+def _logged_out(r: subprocess.CompletedProcess[str], p: Place) -> None:
+    if p.where == "local":
+        assert "Not logged in to a server." in r.stderr and r.stdout == "", (r.stdout, r.stderr)
+    else:
+        assert "Logged out" in r.stdout and not (p.cli.home / "login.json").exists(), r.stdout
+
+
+def _teams(r: subprocess.CompletedProcess[str], p: Place) -> None:
+    # the machine's owner sees every team (par-bob's); alice her own, which has her in it
+    assert "team ml:" in r.stdout and ("par-bob" if p.where == "local" else USER) in r.stdout, \
+        r.stdout
+
+
+# case -> (the places it runs in, expected exit code (None: the check judges it), what proves
+# it worked)
+CASES: dict[str, tuple[tuple[str, ...], int | None, Check]] = {
     "launch": (PLACES, 0, _launched),
     "launch --json": (PLACES, 0, _launched_json),
     "list": (PLACES, 0, _listed),
@@ -311,6 +347,14 @@ CASES: dict[str, tuple[tuple[str, ...], int, Check]] = {
     "prices": (PLACES, 0, _prices),
     "plan": (PLACES, 0, _planned),
     "pool list": (PLACES, 0, _pools),
+    "admin user add": (PLACES, None, _admin()),
+    "admin user list": (PLACES, None, _admin("par-bob", "ml")),
+    "admin quota set": (PLACES, None, _admin("team ml", "cpu: 0/4")),
+    "admin budget set": (PLACES, None, _admin("team ml", "$100")),
+    "admin teams": (PLACES, 0, _teams),
+    "admin audit": (PLACES, None, _admin("quota", "par-bob")),
+    "admin user remove": (PLACES, None, _admin("user par-bob removed")),
+    "logout": (PLACES, 0, _logged_out),
     "doctor --cluster": (("server",), 2, _refused("cluster", "this machine")),
     "bench allreduce": (("server",), 2, _refused("cluster", "this machine")),
 }
@@ -326,7 +370,8 @@ def test_each_command_works_here_and_through_a_server(places: dict[str, Place], 
                     "test_bench_calibration)")
     r = places[where].got[case]
     assert "Traceback" not in r.stderr, r.stderr  # the CLI's own; a job's output may have one
-    assert r.returncode == code, f"{case} ({where}): exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert code is None or r.returncode == code, \
+        f"{case} ({where}): exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     check(r, places[where])
 
 
@@ -343,3 +388,56 @@ def test_a_cluster_row_has_one_shape_everywhere(places: dict[str, Place]) -> Non
             shapes[(where, "list --json", row["name"])] = tuple(row)
     assert len(shapes) == 6 and set(shapes.values()) == {KEYS}, shapes
 
+
+
+# Commands not in CASES, each with why: a command added later must be run both ways above or
+# be named here (test_every_command_is_a_case).
+NOT_CASES = {
+    "show-gpus": "reads the GPU catalog only, as prices does",
+    "ssh": "a shell on a node of this machine's own clusters (test_clusters)",
+    "exec": "a command on a node of this machine's own clusters (test_clusters)",
+    "dashboard": "serves this machine's state; the server has its own (test_server_dashboard)",
+    "server": "is the server (every case through it runs against one)",
+    "login": "connects the CLI to a server (the fixture logs in with it)",
+    "pool add": "registers a pool of this machine (test_ray_pool, test_slurm_pool)",
+    "pool up": "starts a Ray cluster on this machine (test_ray_pool)",
+    "pool down": "stops it (test_ray_pool)",
+    "pool remove": "forgets a pool of this machine (test_ray_pool)",
+    "pool use": "sets this machine's default pool (test_ray_pool)",
+    "bench scaling": "measures this machine's cluster, refused through a server as bench "
+                     "allreduce is (test_bench_calibration)",
+}
+
+
+def _command_paths() -> set[str]:
+    """Every command of the app, by its words (`pool list`, `admin user add`)."""
+    import typer.main
+
+    from gpufleet.cli import app
+
+    def walk(cmd: Any, words: tuple[str, ...]) -> Iterator[str]:
+        subs = getattr(cmd, "commands", None)
+        if subs is None:
+            yield " ".join(words)
+            return
+        for name, sub in subs.items():
+            if not getattr(sub, "hidden", False):
+                yield from walk(sub, (*words, name))
+
+    return set(walk(typer.main.get_command(app), ()))
+
+
+def test_every_command_is_a_case() -> None:
+    """A command runs here and through the server in CASES, or NOT_CASES says why not: one
+    added later without either fails here, before anyone logs in to a server and finds it."""
+    paths = _command_paths()
+    assert {"launch", "pool list", "admin user add", "bench allreduce"} <= paths, paths
+
+    def command_of(case: str) -> str:
+        words = case.split()
+        return next(" ".join(words[:n]) for n in range(len(words), 0, -1)
+                    if " ".join(words[:n]) in paths)
+
+    covered = {command_of(case) for case in CASES}
+    assert paths - covered - set(NOT_CASES) == set(), "commands in neither CASES nor NOT_CASES"
+    assert covered & set(NOT_CASES) == set() and set(NOT_CASES) <= paths

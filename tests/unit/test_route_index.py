@@ -40,3 +40,20 @@ def test_every_route_is_listed_once_with_a_description(store: Store, which: str)
 
 def test_the_server_table_names_only_routes_that_exist(store: Store) -> None:
     assert set(DESCRIBED) <= _served(create_api(store))
+
+
+def test_every_declared_path_is_served_and_every_v1_route_is_declared(store: Store) -> None:
+    """`server/paths.py` is the one place an /api/v1 path is written: the CLI's client calls
+    only paths the server answers, and the server answers none that is not declared there."""
+    from gpufleet.server import paths
+
+    declared = {v for k, v in vars(paths).items() if k.isupper() and k != "V1"}
+    served = {path for _m, path in _served(create_api(store))}
+    assert declared == {p for p in served if p.startswith(paths.V1 + "/")}
+
+
+def test_a_name_fills_its_path_as_one_segment() -> None:
+    from gpufleet.server import paths
+
+    assert paths.at(paths.JOB_LOGS, "a b/c") == "/api/v1/jobs/a%20b%2Fc/logs"
+    assert paths.at(paths.USER, "bob") == "/api/v1/admin/users/bob"

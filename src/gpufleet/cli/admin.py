@@ -7,10 +7,10 @@ from typing import Annotated, Any
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, group, out, print_json, remote, store
+from gpufleet.cli.app import COMMAND, app, group, out, print_json
+from gpufleet.cli.connect import client
 from gpufleet.cli.options import Json
 from gpufleet.errors import SpecError
-from gpufleet.server.seg import seg
 
 admin = group("Users, team quotas and budgets, the audit trail (admins).")
 user_group = group("Users and their tokens.")
@@ -22,13 +22,6 @@ admin.add_typer(budget_group, name="budget")
 app.add_typer(admin, name="admin")
 
 
-def _local() -> tuple[Any, Any]:
-    from gpufleet.lifecycle import accounts
-
-    st = store()
-    return st, accounts.local_identity(st)
-
-
 @user_group.command("add", cls=COMMAND)
 def user_add(
     name: Annotated[str, typer.Argument(help="User name.")],
@@ -36,15 +29,7 @@ def user_add(
     is_admin: Annotated[bool, typer.Option("--admin", help="May act on everyone's jobs.")] = False,
 ) -> None:
     """Add a user and print their token (shown once; kept only as a hash)."""
-    client = remote()
-    if client is not None:
-        token = client.call("POST", "/api/v1/admin/users",
-                            {"name": name, "team": team, "admin": is_admin})["token"]
-    else:
-        from gpufleet.lifecycle import accounts
-
-        st, me = _local()
-        token = accounts.add_user(st, me, name, team, is_admin)
+    token = client().add_user(name, team, is_admin)
     typer.echo(token)
     typer.echo(f"user {name} added{f' to team {team}' if team else ''}; give them the token "
                "above (they run gpufleet login URL --token-file FILE)", err=True)
@@ -53,15 +38,7 @@ def user_add(
 @user_group.command("list", cls=COMMAND)
 def user_list(as_json: Json = False) -> None:
     """Users, their teams and who is an admin."""
-    client = remote()
-    if client is not None:
-        rows = client.call("GET", "/api/v1/admin/users")
-    else:
-        from gpufleet.lifecycle import accounts
-
-        st, me = _local()
-        accounts.require_admin(me, "admin user list")
-        rows = accounts.users(st)
+    rows = client().users()
     if as_json:
         print_json(rows)
         return
@@ -76,14 +53,7 @@ def user_list(as_json: Json = False) -> None:
 @user_group.command("remove", cls=COMMAND)
 def user_remove(name: Annotated[str, typer.Argument(help="User name.")]) -> None:
     """Remove a user: their token stops working; their jobs and usage stay."""
-    client = remote()
-    if client is not None:
-        client.call("DELETE", f"/api/v1/admin/users/{seg(name)}")
-    else:
-        from gpufleet.lifecycle import accounts
-
-        st, me = _local()
-        accounts.remove_user(st, me, name)
+    client().remove_user(name)
     out.print(f"user {name} removed")
 
 
@@ -108,15 +78,7 @@ def quota_set(
 ) -> None:
     """At most N devices of a GPU type held by the team's jobs at once."""
     n = _devices(devices)
-    _show_team(_put("/api/v1/admin/quotas", {"team": team, "gpu": gpu, "devices": n},
-                    lambda st, me: _set_quota(st, me, team, gpu, n)))
-
-
-def _set_quota(st: Any, me: Any, team: str, gpu: str, n: int | None) -> dict[str, Any]:
-    from gpufleet.lifecycle import accounts, teams
-
-    accounts.set_quota(st, me, team, gpu, n)
-    return teams.team_view(st, team, time.time())
+    _show_team(client().set_quota(team, gpu, n))
 
 
 @budget_group.command("set", cls=COMMAND, context_settings=NUMBERS)
@@ -132,26 +94,7 @@ def budget_set(
     except ValueError:
         raise SpecError([("usd", f"'{usd}' is not an amount of dollars; use e.g. 500 or "
                           "'none'")]) from None
-    _show_team(_put("/api/v1/admin/budgets", {"team": team, "usd": amount, "month": month},
-                    lambda st, me: _set_budget(st, me, team, amount, month)))
-
-
-def _set_budget(st: Any, me: Any, team: str, usd: float | None,
-                month: str | None) -> dict[str, Any]:
-    from gpufleet.lifecycle import accounts, teams
-
-    accounts.set_budget(st, me, team, usd, month, time.time())
-    return teams.team_view(st, team, time.time())
-
-
-def _put(path: str, body: dict[str, Any], here: Any) -> dict[str, Any]:
-    client = remote()
-    if client is not None:
-        got: dict[str, Any] = client.call("PUT", path, body)
-        return got
-    st, me = _local()
-    done: dict[str, Any] = here(st, me)
-    return done
+    _show_team(client().set_budget(team, amount, month))
 
 
 def _show_team(t: dict[str, Any]) -> None:
@@ -167,14 +110,7 @@ def _show_team(t: dict[str, Any]) -> None:
 @admin.command("teams", cls=COMMAND)
 def teams_cmd(as_json: Json = False) -> None:
     """Every team: users, quotas against what is in use, budget against what is spent."""
-    client = remote()
-    if client is not None:
-        rows = client.call("GET", "/api/v1/admin/teams")
-    else:
-        from gpufleet.lifecycle import teams
-
-        st, _me = _local()
-        rows = [teams.team_view(st, t, time.time()) for t in teams.team_names(st)]
+    rows = client().teams()
     if as_json:
         print_json(rows)
         return
@@ -191,21 +127,7 @@ def audit(
     as_json: Json = False,
 ) -> None:
     """Who submitted, cancelled or stopped what, and who changed users, quotas, budgets."""
-    from gpufleet.spec import parse_duration
-
-    client = remote()
-    if client is not None:
-        rows = client.call("GET", "/api/v1/admin/audit", query={"since": since, "user": user})
-    else:
-        from gpufleet.lifecycle import accounts
-
-        try:
-            start = time.time() - parse_duration(since)
-        except ValueError as exc:
-            raise SpecError([("since", str(exc))]) from None
-        st, me = _local()
-        accounts.require_admin(me, "admin audit")
-        rows = accounts.audit_log(st, start, user)
+    rows = client().audit(since, user)
     if as_json:
         print_json(rows)
         return
@@ -245,23 +167,7 @@ def usage(
     or job; the groups add up to the total exactly."""
     from gpufleet import ui
 
-    client = remote()
-    if client is not None:
-        got = client.call("GET", "/api/v1/usage", query={"by": by, "since": since})
-    else:
-        from gpufleet.lifecycle import ledger
-        from gpufleet.spec import parse_duration
-
-        if by not in ledger.GROUPS:
-            raise SpecError([("by", f"'{by}' is not a grouping; allowed: "
-                              f"{', '.join(ledger.GROUPS)}")])
-        try:
-            start = time.time() - parse_duration(since)
-        except ValueError as exc:
-            raise SpecError([("since", str(exc))]) from None
-        st = store()
-        ledger.accrue(st, time.time())
-        got = ledger.usage(ledger.rows(st, start), by, start)
+    got = client().usage(by, since)
     if as_json:
         print_json(got)
         return

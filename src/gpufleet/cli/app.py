@@ -17,7 +17,6 @@ from gpufleet.cli.help import FleetCommand, FleetGroup
 
 if TYPE_CHECKING:
     from gpufleet.lifecycle.provision import Approve
-    from gpufleet.server.client import Client
     from gpufleet.store import Store
 
 app = typer.Typer(
@@ -55,14 +54,6 @@ def store() -> Store:
     from gpufleet.lifecycle.provision import open_store
 
     return open_store()
-
-
-def remote() -> Client | None:
-    """The server this CLI talks to ($GPUFLEET_SERVER, or `gpufleet login`), if any."""
-    from gpufleet.home import home_path
-    from gpufleet.server.client import configured
-
-    return configured(home_path())
 
 
 def approve_quote(yes: bool, quiet: bool = False) -> Approve:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, approve_quote, confirm, out, print_json, remote, store
+from gpufleet.cli.app import COMMAND, app, out, print_json, store
+from gpufleet.cli.connect import client
 from gpufleet.cli.options import (
     Backend,
     ClusterName,
@@ -27,11 +27,7 @@ from gpufleet.cli.options import (
     default,
 )
 from gpufleet.errors import SpecError
-from gpufleet.server.seg import seg
-from gpufleet.slot_words import devices_shown, network_shown
-
-if TYPE_CHECKING:
-    from gpufleet.lifecycle.runs import StopPlan
+from gpufleet.slot_words import devices_shown
 
 PASS_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -59,63 +55,19 @@ def launch(
 
     On a Slurm pool the cluster is one Slurm allocation: the request waits in Slurm's queue,
     with Slurm's pending reason shown, and one it can never satisfy is refused at once."""
-    from gpufleet.lifecycle import clusters
-    from gpufleet.lifecycle.provision import provision, with_pool
-    from gpufleet.spec import ClusterSpec, load_yaml
-    from gpufleet.views import cluster_rows, pool_nodes
+    from gpufleet.spec import load_yaml
 
     data: dict[str, Any] = load_yaml(file) if file else {}
     flags = {"gpu": gpu, "count": count, "network": network, "disk": disk, "name": name,
              "nodes": nodes, "backend": backend, "pool": pool, "price_book": price_book,
              "time_limit": time_limit}
     merged = {**data, **{k: v for k, v in flags.items() if v is not None}}
-    client = remote()
-    if client is not None:  # the server checks it against its own pools
-        got = client.call("POST", "/api/v1/clusters", {"spec": merged})
-        if as_json:
-            print_json(got)
-            return
-        out.print(f"Cluster [bold]{got['name']}[/]: {devices_shown(got['gpu'], got['count'])} on "
-                  f"{client.url}. Run a job: gpufleet run --cluster {got['name']} SCRIPT")
-        return
-    st = store()
-    spec = ClusterSpec.parse(with_pool(st, merged))
-    cluster = provision(st, spec, approve_quote(yes, quiet=as_json), cpu_slots)
+    got = client().launch(merged, yes, as_json, cpu_slots)
     if as_json:
-        print_json(cluster_rows(st, [cluster], time.time(), pool_nodes(st, cpu_slots))[0])
+        print_json(got.row)
         return
-    where = "; ".join(f"{p.node_id}: {','.join(d.id for d in p.devices)}"
-                      for p in clusters.placements(st, cluster))
-    sim = " (simulated, not billed)" if cluster.simulated else ""
-    out.print(f"Cluster [bold]{cluster.name}[/]: {devices_shown(cluster.gpu, cluster.count)}{sim} "
-              f"on {cluster.nodes} node(s) ({where}) over "
-              f"{network_shown(cluster.gpu, cluster.network)}. "
-              f"Run a job: gpufleet run --cluster {cluster.name} SCRIPT")
-
-
-def local_rows(every: bool) -> list[dict[str, Any]]:
-    """`list`'s rows on this machine: read straight from the state file when nothing needs the
-    store's upkeep or a pool's devices (see `gpufleet.snapshot`), else through the store."""
-    from gpufleet.snapshot import cluster_rows as quick_rows
-    from gpufleet.snapshot import state_path
-
-    now = time.time()
-    quick = quick_rows(state_path(), every, now)
-    if quick is not None:
-        return quick
-    from sqlalchemy import select
-
-    from gpufleet.lifecycle.status import CLUSTER_ACTIVE
-    from gpufleet.store import Cluster
-    from gpufleet.views import cluster_rows, pool_nodes
-
-    st = store()
-    q = select(Cluster).order_by(Cluster.id)
-    if not every:
-        q = q.where(Cluster.status.in_(CLUSTER_ACTIVE))
-    with st.read() as s:
-        found = list(s.scalars(q).all())
-    return cluster_rows(st, found, now, pool_nodes(st))
+    out.print(f"Cluster [bold]{got.name}[/]: {devices_shown(got.gpu, got.count)}{got.placed}. "
+              f"Run a job: gpufleet run --cluster {got.name} SCRIPT")
 
 
 @app.command("list", cls=COMMAND)
@@ -128,11 +80,7 @@ def list_(
 
     from gpufleet import ui
 
-    client = remote()
-    if client is not None:  # yours on the server (every one for an admin), the same rows
-        rows = client.call("GET", "/api/v1/clusters", query={"all": str(all_).lower()})
-    else:
-        rows = local_rows(all_)
+    rows = client().clusters(all_)
     if as_json:
         print_json(rows)
         return
@@ -189,45 +137,6 @@ def exec_(
     raise typer.Exit(_call(name, list(ctx.args), Path.cwd()))
 
 
-def _nothing_running() -> bool:
-    """True when the state file shows no running cluster and no active job: `stop --all` then
-    has nothing to do and answers without opening the store (a second of CPU on a small
-    machine). Anything the quick reader cannot vouch for goes through the store."""
-    from gpufleet.snapshot import cluster_rows as quick_rows
-    from gpufleet.snapshot import state_path
-
-    path = state_path()
-    if (path.parent / "server.json").exists():  # a local server to end: through the store
-        return False
-    return quick_rows(path, False, time.time()) == []
-
-
-def _end_idle_server() -> None:
-    """After `stop --all` nothing is queued or running: the local server (if one runs) has
-    nothing left to do, so it is ended now rather than when its idle time runs out."""
-    import os
-    import signal
-
-    from gpufleet.home import home_path
-    from gpufleet.server import local
-
-    info = local.running(home_path())
-    if info is not None:
-        try:
-            os.kill(int(info["pid"]), signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
-
-def _describe(plan: StopPlan) -> list[str]:
-    """One line per cluster a stop ends, with the job running on it."""
-    lines = []
-    for c, job in plan.clusters:
-        running = f", job {job.name} ({job.status})" if job is not None else ""
-        lines.append(f"  {c.name}: {devices_shown(c.gpu, c.count)}{running}")
-    return lines
-
-
 @app.command(cls=COMMAND)
 def stop(
     name: Annotated[str | None, typer.Argument(help="Cluster or job name.")] = None,
@@ -240,61 +149,4 @@ def stop(
     clusters and jobs it stops."""
     if not name and not all_:
         raise SpecError([("name", "give a cluster or job name, or --all")])
-    client = remote()
-    if client is not None:
-        if all_ or not name:
-            raise SpecError([("all", "with a server, stop jobs by name (gpufleet jobs lists "
-                              "yours); --all stops this machine's own clusters after logout")])
-        from gpufleet.errors import NotFoundError
-
-        confirm(f"Stop {name}?", yes)
-        try:
-            got = client.call("POST", f"/api/v1/jobs/{seg(name)}/stop")
-            out.print(f"Job {name}: {got['status']}")
-        except NotFoundError:  # not a job: a cluster of yours on the server
-            got = client.call("DELETE", f"/api/v1/clusters/{seg(name)}")
-            out.print(f"Cluster {name}: {got.get('status', 'stopped')}, devices freed, cost "
-                      f"${got['cost_usd']:.4f}")
-        return
-    if all_ and not name and _nothing_running():
-        out.print("No running clusters.")
-        return
-    from gpufleet.lifecycle import accounts, queued, runs
-
-    st = store()
-    waiting = queued.entry(st, name) if name else None
-    if waiting is not None and waiting.status == "queued":
-        confirm(f"Cancel job {name} (queued)?", yes)
-        queued.cancel(st, waiting.name, accounts.local_identity(st))
-        out.print(f"Job {name}: cancelled (it was queued)")
-        return
-    if all_:
-        for e in queued.waiting(st):  # or they would start on the devices this frees
-            queued.cancel(st, e.name, accounts.local_identity(st))
-            out.print(f"Job {e.name}: cancelled (it was queued)")
-    plan = runs.plan_stop(st, name, every=all_)
-    if plan.already_stopped:
-        out.print(f"Cluster {name} is already stopped.")
-        return
-    if plan.job is not None:
-        confirm(f"Stop job {plan.job.name} ({plan.job.status})?", yes)
-        out.print(f"Job {plan.job.name}: {runs.stop_job(st, plan.job).status}")
-        return
-    if all_:
-        if not plan.clusters:
-            out.print("No running clusters.")
-            _end_idle_server()
-            return
-        out.print(f"Stopping {len(plan.clusters)} running cluster(s):", highlight=False)
-        for line in _describe(plan):
-            out.print(line, markup=False, highlight=False)
-        confirm(f"Stop {len(plan.clusters)} cluster(s)?", yes)
-    else:
-        c, job = plan.clusters[0]
-        running = f", its job {job.name} ends" if job is not None else ""
-        confirm(f"Stop cluster {c.name} ({devices_shown(c.gpu, c.count)}{running})?", yes)
-    for c, _job in plan.clusters:
-        stopped, spent = runs.stop_cluster(st, c)
-        out.print(f"Cluster {stopped.name}: {stopped.status}, devices freed, cost ${spent:.4f}")
-    if all_:
-        _end_idle_server()
+    client().stop(name, all_, yes)

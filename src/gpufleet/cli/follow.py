@@ -1,6 +1,6 @@
 """Waiting for a queued job and then following it, for `run` without -d: its place in the
 queue while it waits, its log once it runs, its outcome as the exit code. The same loop reads
-the local store or a server (`Source`)."""
+the local store or a server (`Source`). And the words about a queued job both places print."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import typer
 
-from gpufleet.cli.app import err, out
+from gpufleet.cli.app import err, out, print_json
 from gpufleet.errors import ConflictError
 from gpufleet.lifecycle.status import CTRL_C_EXIT, exit_code
-from gpufleet.server.seg import seg
+from gpufleet.server import paths
+from gpufleet.server.paths import at
+from gpufleet.slot_words import devices_shown
 
 if TYPE_CHECKING:
     from gpufleet.server.client import Client
-    from gpufleet.store import Store
+    from gpufleet.store import QueuedJob, Store
 
 POLL_S = 0.5
 
@@ -77,19 +79,19 @@ class RemoteSource:
         self.client = client
 
     def waiting(self, name: str) -> dict[str, Any] | None:
-        got = self.client.call("GET", f"/api/v1/jobs/{seg(name)}")
+        got = self.client.call("GET", at(paths.JOB, name))
         return got if got.get("queued") else None
 
     def log(self, name: str, offset: int) -> dict[str, Any]:
-        got: dict[str, Any] = self.client.call("GET", f"/api/v1/jobs/{seg(name)}/logs",
+        got: dict[str, Any] = self.client.call("GET", at(paths.JOB_LOGS, name),
                                                query={"offset": offset})
         return got
 
     def cancel(self, name: str) -> None:
-        self.client.call("POST", f"/api/v1/jobs/{seg(name)}/cancel")
+        self.client.call("POST", at(paths.JOB_CANCEL, name))
 
     def stop(self, name: str) -> None:
-        self.client.call("POST", f"/api/v1/jobs/{seg(name)}/stop")
+        self.client.call("POST", at(paths.JOB_STOP, name))
 
 
 def when(t: float | None, now: float) -> str:
@@ -177,3 +179,41 @@ def wait_and_follow(source: Source, name: str) -> None:
     err.print(f"Job {name}: {status}" + (f" ({last['reason']})" if last.get("reason") else ""),
               markup=False, highlight=False)
     raise typer.Exit(exit_code(str(status)))
+
+
+def queued_headline(entry: QueuedJob) -> str:
+    """The first line about a job that was queued: why it did not start at once."""
+    why = f"it starts once {entry.after} succeeded" if entry.after else "its devices are busy"
+    return f"Job {entry.name} is queued: {why}."
+
+
+def queued_message(name: str, entry: QueuedJob | None, detach: bool) -> None:
+    """Its place (once the queue planned it) and, with -d, what to do next."""
+    from gpufleet.lifecycle import listing
+
+    row = listing.queued_row(entry) if entry is not None else {}
+    if row:
+        err.print("  " + queue_line(row, time.time()), markup=False, highlight=False,
+                  soft_wrap=True)
+    if detach:
+        err.print(f"  place:   gpufleet jobs\n  cancel:  gpufleet cancel {name}\n"
+                  f"  hold:    gpufleet hold {name}   (keeps its place, does not start)\n"
+                  f"  follow:  gpufleet logs {name} -f   (once it started)", highlight=False)
+
+
+def print_queued(row: dict[str, Any], as_json: bool) -> None:
+
+    if as_json:
+        print_json(row)
+        return
+    if row["status"] == "started":
+        out.print(f"Job {row['name']} is starting: the queue gave it its devices a moment ago.",
+                  markup=False, highlight=False)
+    elif row["status"] == "queued":
+        out.print(f"Job {row['name']} ({devices_shown(row['gpu'], row['count'])}, user {row['user']}) is "
+                  f"{queue_line(row, time.time())}", markup=False, highlight=False,
+                  soft_wrap=True)
+    else:
+        out.print(f"Job {row['name']} left the queue without starting: {row['status']}"
+                  + (f" ({row['reason']})" if row.get("reason") else ""), markup=False,
+                  highlight=False)

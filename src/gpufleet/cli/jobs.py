@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, approve_quote, err, out, print_json, remote, store
+from gpufleet.cli.app import COMMAND, app, out, print_json
+from gpufleet.cli.client import JobInput
+from gpufleet.cli.connect import client
+from gpufleet.cli.follow import print_queued
 from gpufleet.cli.help import with_panels
-from gpufleet.cli.job_spec import job_data, job_spec
 from gpufleet.cli.options import (
     After,
     BootstrapOpt,
@@ -41,13 +42,7 @@ from gpufleet.cli.options import (
     Yes,
     default,
 )
-from gpufleet.cli.queue import print_queued, queue_row, queued_first, remote_logs
-from gpufleet.cli.supervising import hand_over, print_dry_run, script_notes, warned_first
 from gpufleet.errors import SpecError
-from gpufleet.server.seg import seg
-
-if TYPE_CHECKING:
-    from gpufleet.store import Store
 
 CLUSTER, LAYOUT, PRECISION = "Cluster", "Layout", "Precision and framework"
 SURVIVAL, OUTPUT, PROGRESS = "Survival", "Output", "Progress of any script"
@@ -132,8 +127,6 @@ def run(
 
     When its devices are busy the job is queued (gpufleet jobs shows its place) and starts
     when its whole gang is free; --no-queue refuses instead."""
-    from gpufleet.lifecycle import submit
-
     if resume is not None:
         named = [opt for opt, v in (("SCRIPT", script), ("-f", file), ("--cluster", cluster),
                                     ("--gpu", gpu), ("--count", count), ("--name", name),
@@ -142,15 +135,7 @@ def run(
         if named or ctx.args:
             raise SpecError([("resume", f"--resume continues a job as it was defined; drop "
                               f"{', '.join(named) or 'the script arguments'}")])
-        if remote() is not None:
-            raise SpecError([("resume", "--resume works on this machine's own state; through "
-                              "a server it is not available yet (gpufleet logout, on the "
-                              "server's host, to resume there)")])
-        st = store()
-        job, on = submit.resume(st, resume, approve_quote(yes), cpu_slots, say=lambda note:
-                                out.print(f"Resuming {resume}: {note}.", markup=False,
-                                          highlight=False, soft_wrap=True))
-        hand_over(st, job, on, detach, cpu_slots)
+        client().resume(resume, yes, cpu_slots, detach)
         return
     flags = {"name": name, "workers_per_node": workers_per_node, "strategy": strategy,
              "dp": dp, "tp": tp, "pp": pp, "pp_schedule": pp_schedule, "microbatches": microbatches,
@@ -164,47 +149,8 @@ def run(
              "time_limit": time_limit, "after": after}
     inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
               "price_book": price_book, "nodes": nodes, "pool": pool}
-    client = remote()
-    if client is not None:
-        from gpufleet.cli.remote_run import run_remote
-
-        if dry_run:
-            raise SpecError([("dry_run", "--dry-run plans on this machine's state; with a "
-                              "server it is not available yet (gpufleet logout to plan here)")])
-        data = job_data(file, script, list(ctx.args), env or [], flags, inline, cluster)
-        run_remote(client, data, not no_queue, cpu_slots, detach)
-        return
-    st, spec = job_spec(file, script, list(ctx.args), env or [], flags, inline, cluster)
-    approve, tell = warned_first(script_notes(spec), approve_quote(yes))
-    if dry_run:
-        dry = submit.submit(st, spec, approve, cpu_slots, dry_run=True)
-        tell()
-        assert not isinstance(dry, tuple)
-        print_dry_run(dry)
-        return
-    import os
-
-    from gpufleet.lifecycle import accounts, queued
-
-    result = queued.run_or_queue(st, spec, accounts.local_identity(st), approve, cpu_slots,
-                                 queue=not no_queue, environ=os.environ)
-    tell()
-    if isinstance(result, tuple):
-        hand_over(st, *result, detach, cpu_slots)
-        return
-    from gpufleet.cli.follow import LocalSource, wait_and_follow
-    from gpufleet.cli.queue import queued_headline, queued_message
-    from gpufleet.server import local
-    from gpufleet.store import gpufleet_home
-
-    err.print(queued_headline(result), highlight=False)
-    if local.running(gpufleet_home()) is None:  # its start takes seconds: say why we wait
-        err.print("Starting the local queue server (the first queued job starts it; a few "
-                  "seconds)...", highlight=False)
-    local.ensure(gpufleet_home(), cpu_slots)
-    queued_message(result.name, queued.entry(st, result.name), detach)
-    if not detach:
-        wait_and_follow(LocalSource(st), result.name)
+    job = JobInput(file, script, list(ctx.args), env or [], flags, inline, cluster)
+    client().run(job, not no_queue, cpu_slots, detach, dry_run, yes)
 
 
 @app.command(cls=COMMAND)
@@ -218,46 +164,12 @@ def logs(
     """A job's output, every rank's lines prefixed by their rank, or one rank with --rank."""
     from gpufleet.lifecycle.status import CTRL_C_EXIT, exit_code
 
-    client = remote()
     try:
-        status = remote_logs(client, job, follow, rank) if client is not None else \
-            _local_logs(job, follow, rank)
+        status = client().logs(job, follow, rank)
     except KeyboardInterrupt:  # leaving the log does not stop the job
         raise typer.Exit(CTRL_C_EXIT) from None
     if follow:
         raise typer.Exit(exit_code(status))
-
-
-def _local_logs(job: str, follow: bool, rank: int | None) -> str:
-    """Print the job's log (with `follow`, until the job ended and its log is read to the end);
-    the job's status then."""
-    from gpufleet.errors import NotFoundError
-    from gpufleet.lifecycle import jobs, reconcile
-
-    st = store()
-    if jobs.get_or_none(st, job) is None:
-        queued_first(st, job, follow)
-    j = jobs.get(st, job)
-    path = Path(j.job_dir) / ("job.log" if rank is None else f"logs/rank{rank}.log")
-    if rank is not None and not 0 <= rank < j.world_size:
-        raise NotFoundError(f"rank: job {job} has ranks 0..{j.world_size - 1}, not {rank}")
-    pos = 0
-    while True:
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(pos)
-                chunk = f.read()
-                pos += len(chunk)
-            sys.stdout.write(chunk.decode("utf-8", "replace"))
-            sys.stdout.flush()
-        if not follow:
-            return j.status
-        j = reconcile.refresh(st, job)
-        if j.status not in jobs.ACTIVE:
-            if path.exists() and path.stat().st_size > pos:
-                continue
-            return j.status
-        time.sleep(0.5)
 
 
 @app.command(cls=COMMAND)
@@ -273,22 +185,8 @@ def status(
     Step, samples/s, loss, cost so far, ETA and projected cost; per device utilization and
     memory; per rank step, data-wait and communication time; findings with the fix to try.
     """
-    from gpufleet.snapshot import state_path
-    from gpufleet.snapshot_job import job_detail as ended_job_detail
-
-    # An ended job is read straight from the state file (see gpufleet.snapshot_job); any
-    # other goes through the store, which first records a dead supervisor.
-    client = remote()
-    st: Store | None = None
-    detail = ended_job_detail(state_path(), job, time.time()) if client is None else None
-    if client is not None:
-        detail = client.call("GET", f"/api/v1/jobs/{seg(job)}")
-    if detail is None:
-        from gpufleet.views import job_detail
-
-        st = store()
-        waiting = queue_row(st, job)
-        detail = waiting if waiting is not None else job_detail(st, job, time.time())
+    on = client()
+    detail = on.job(job)
     if "queued" in detail:  # no job record yet: its place in the queue
         print_queued(detail, as_json)
         return
@@ -305,20 +203,13 @@ def status(
     from rich.live import Live
 
     from gpufleet.cli.terminal import unechoed
-    from gpufleet.views import job_detail
-
-    def fresh() -> dict[str, Any]:
-        if client is not None:
-            got: dict[str, Any] = client.call("GET", f"/api/v1/jobs/{seg(job)}")
-            return got
-        return job_detail(st or store(), job, time.time())
 
     try:
         with unechoed(out.file), Live(ui.status_view(detail), console=out,
                                       refresh_per_second=2) as live:
             while detail["status"] in JOB_ACTIVE:
-                time.sleep(0.5 if client is None else 1.0)
-                detail = fresh()
+                time.sleep(on.poll_s)
+                detail = on.job(job)
                 live.update(ui.status_view(detail))
     except KeyboardInterrupt:  # leaving the view does not stop the job
         return

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, group, out, remote
+from gpufleet.cli.app import COMMAND, app, group, out
+from gpufleet.cli.connect import client
 from gpufleet.cli.options import (
     CalibrationOut,
     CpuSlots,
@@ -24,11 +25,7 @@ from gpufleet.errors import SpecError
 def here_only(command: str) -> None:
     """Refuse measuring a cluster while this CLI talks to a server: the measurement runs on
     this machine, against clusters of its own state, which are not the server's."""
-    client = remote()
-    if client is not None:
-        raise SpecError([("cluster", f"{command} measures a cluster of this machine's own "
-                          f"state, and this CLI works through {client.url}; run it on the "
-                          "server's host (gpufleet logout there)")])
+    client().refuse_here_only(command)
 
 
 @app.command(cls=COMMAND)

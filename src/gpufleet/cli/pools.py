@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, err, group, out, print_json, remote, store
+from gpufleet.cli.app import COMMAND, app, err, group, out, print_json, store
+from gpufleet.cli.connect import client
 from gpufleet.cli.options import Json, NoDefault, default
 
 pool_app = group("Pools of nodes: this host, Ray clusters, Slurm partitions, synthetic pools.")
@@ -123,11 +124,7 @@ def pool_list(
 
     from gpufleet.lifecycle import pools
 
-    client = remote()
-    if client is not None:  # the server's pools: where its clusters are carved from
-        listed = client.call("GET", "/api/v1/pools", query={"name": name})
-    else:
-        listed = pools.listing(store(), name)
+    listed = client().pools(name)
     if as_json:
         print_json(listed)
         return

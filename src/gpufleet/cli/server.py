@@ -58,6 +58,7 @@ def login(
     """Point this CLI at a gpufleet server: run, jobs, cancel, stop, status, logs, usage and
     admin then go through it."""
     from gpufleet.home import home_path
+    from gpufleet.server import paths
     from gpufleet.server.client import Client, save_login
     from gpufleet.store import gpufleet_home
 
@@ -69,7 +70,7 @@ def login(
         raise SpecError([("token_file", f"cannot read {token_file}: {exc.strerror}")]) from None
     if not token:
         raise SpecError([("token_file", f"{token_file} is empty")])
-    me = Client(url, token).call("GET", "/api/v1/whoami")
+    me = Client(url, token).call("GET", paths.WHOAMI)
     gpufleet_home()
     path = save_login(home_path(), url, token)
     out.print(f"Logged in to {url} as {me['user']}" + (f" (team {me['team']})" if me.get("team")

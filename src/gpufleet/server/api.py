@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,27 +29,13 @@ from gpufleet.errors import (
 from gpufleet.lifecycle import accounts, hold_release, jobs, listing, queued, reconcile, runs
 from gpufleet.lifecycle.accounts import Identity
 from gpufleet.lifecycle.status import JobStatus, QueueStatus
-from gpufleet.server import API_VERSION, api_admin, api_clusters
+from gpufleet.server import API_VERSION, api_admin, api_clusters, paths
+from gpufleet.server.ctx import Ctx, NoToken
 from gpufleet.server.loop import Loop
 from gpufleet.store import Store
 from gpufleet.web import auth
 
 LOG_CHUNK = 1 << 20  # the most of a log one call returns
-
-
-@dataclass(frozen=True)
-class Ctx:
-    """What a module adding routes to the API needs: the store, the caller's identity from a
-    request, a way to wake the loop (a job submitted or cancelled), the loop itself."""
-
-    store: Store
-    who: Callable[[Request], Identity]
-    wake: Callable[[], None]
-    loop: Loop | None
-
-
-class NoToken(ForbiddenError):
-    """No token, or one no user has: 401, where a known user acting out of bounds is 403."""
 
 
 class JobIn(BaseModel):
@@ -130,25 +114,25 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
     api_clusters.add_routes(app, ctx)
     api_admin.add_routes(app, ctx)
 
-    @app.get("/api/v1/version")
+    @app.get(paths.VERSION)
     def version() -> dict[str, Any]:
         from gpufleet import __version__
 
         return {"api": API_VERSION, "version": __version__}
 
-    @app.get("/api/v1/whoami")
+    @app.get(paths.WHOAMI)
     def whoami(request: Request) -> dict[str, Any]:
         me = who(request)
         return {"user": me.user, "team": me.team, "admin": me.admin}
 
-    @app.get("/api/v1/health")
+    @app.get(paths.HEALTH)
     def health(request: Request) -> dict[str, Any]:
         who(request)
         b = loop.last if loop is not None else None
         return {"beat_at": b.at if b else None, "queued": b.queued if b else None,
                 "active": b.active if b else None, "error": b.error if b else None}
 
-    @app.post("/api/v1/jobs")
+    @app.post(paths.JOBS)
     def submit_job(body: JobIn, request: Request) -> dict[str, Any]:
         me = who(request)
         named = body.spec.get("name") or body.spec.get("script") or ""
@@ -173,7 +157,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
         woke()
         return {"name": result.name, "status": result.status}
 
-    @app.get("/api/v1/jobs")
+    @app.get(paths.JOBS)
     def list_jobs(request: Request, all: bool = False, user: str | None = None,
                   everyone: bool = False) -> list[dict[str, Any]]:
         """`everyone`: the whole queue, every user's queued and running jobs (another user's
@@ -189,7 +173,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
             return e.user
         return jobs.get(store, name).user
 
-    @app.get("/api/v1/jobs/{name}")
+    @app.get(paths.JOB)
     def one_job(name: str, request: Request) -> dict[str, Any]:
         me = who(request)
         accounts.may_act_on(me, _owner(name), f"job {name}")
@@ -198,7 +182,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
             return {**listing.queued_row(e), "queued": True}
         return job_detail(store, name, time.time())
 
-    @app.post("/api/v1/jobs/{name}/cancel")
+    @app.post(paths.JOB_CANCEL)
     def cancel(name: str, request: Request) -> dict[str, Any]:
         me = who(request)
         with accounts.refusals_audited(store, me, "cancel", name):
@@ -206,7 +190,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
         woke()
         return listing.queued_row(e)
 
-    @app.post("/api/v1/jobs/{name}/hold")
+    @app.post(paths.JOB_HOLD)
     def hold(name: str, request: Request) -> dict[str, Any]:
         """Hold a queued job: it keeps its place but does not start (its owner or an admin)."""
         me = who(request)
@@ -215,7 +199,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
         woke()
         return {**listing.queued_row(_entry(name)), "changed": changed}
 
-    @app.post("/api/v1/jobs/{name}/release")
+    @app.post(paths.JOB_RELEASE)
     def release(name: str, request: Request) -> dict[str, Any]:
         """Release a held job (an admin's hold only an admin releases)."""
         me = who(request)
@@ -241,7 +225,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
             time.sleep(0.2)
         return jobs.get(store, name)
 
-    @app.post("/api/v1/jobs/{name}/stop")
+    @app.post(paths.JOB_STOP)
     def stop(name: str, request: Request) -> dict[str, Any]:
         me = who(request)
         e = queued.entry(store, name)
@@ -259,7 +243,7 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
         woke()
         return {"name": ended.name, "status": ended.status, "reason": ended.reason}
 
-    @app.get("/api/v1/jobs/{name}/logs")
+    @app.get(paths.JOB_LOGS)
     def logs(name: str, request: Request, offset: int = 0, rank: int | None = None
              ) -> dict[str, Any]:
         me = who(request)

@@ -12,10 +12,11 @@ from pydantic import BaseModel, Field
 
 from gpufleet.errors import ForbiddenError, SpecError
 from gpufleet.lifecycle import accounts, ledger, teams
+from gpufleet.server import paths
 from gpufleet.spec import parse_duration
 
 if TYPE_CHECKING:
-    from gpufleet.server.api import Ctx
+    from gpufleet.server.ctx import Ctx
 
 
 class UserIn(BaseModel):
@@ -43,7 +44,7 @@ def raise_spec(field: str, message: str) -> NoReturn:
 def add_routes(app: FastAPI, ctx: Ctx) -> None:
     store = ctx.store
 
-    @app.get("/api/v1/usage")
+    @app.get(paths.USAGE)
     def usage(request: Request, by: str = "user", since: str = "30d",
               user: str | None = None, team: str | None = None) -> dict[str, Any]:
         me = ctx.who(request)
@@ -60,41 +61,41 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
         ledger.accrue(store, time.time())
         return ledger.usage(ledger.rows(store, start, user, team), by, start)
 
-    @app.post("/api/v1/admin/users")
+    @app.post(paths.USERS)
     def add_user(body: UserIn, request: Request) -> dict[str, Any]:
         token = accounts.add_user(store, ctx.who(request), body.name, body.team, body.admin)
         return {"name": body.name, "team": body.team, "admin": body.admin, "token": token}
 
-    @app.get("/api/v1/admin/users")
+    @app.get(paths.USERS)
     def list_users(request: Request) -> list[dict[str, Any]]:
         accounts.require_admin(ctx.who(request), "admin user list")
         return accounts.users(store)
 
-    @app.delete("/api/v1/admin/users/{name}")
+    @app.delete(paths.USER)
     def remove_user(name: str, request: Request) -> dict[str, Any]:
         accounts.remove_user(store, ctx.who(request), name)
         return {"removed": name}
 
-    @app.put("/api/v1/admin/quotas")
+    @app.put(paths.QUOTAS)
     def set_quota(body: QuotaIn, request: Request) -> dict[str, Any]:
         accounts.set_quota(store, ctx.who(request), body.team, body.gpu, body.devices)
         ctx.wake()
         return teams.team_view(store, body.team, time.time())
 
-    @app.put("/api/v1/admin/budgets")
+    @app.put(paths.BUDGETS)
     def set_budget(body: BudgetIn, request: Request) -> dict[str, Any]:
         accounts.set_budget(store, ctx.who(request), body.team, body.usd, body.month, time.time())
         ctx.wake()
         return teams.team_view(store, body.team, time.time())
 
-    @app.get("/api/v1/admin/teams")
+    @app.get(paths.TEAMS)
     def list_teams(request: Request) -> list[dict[str, Any]]:
         me = ctx.who(request)
         now = time.time()
         return [teams.team_view(store, t, now) for t in teams.team_names(store)
                 if me.admin or t == me.team]
 
-    @app.get("/api/v1/admin/audit")
+    @app.get(paths.AUDIT)
     def audit(request: Request, since: str = "30d", user: str | None = None
               ) -> list[dict[str, Any]]:
         accounts.require_admin(ctx.who(request), "admin audit")

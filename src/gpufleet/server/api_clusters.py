@@ -22,13 +22,14 @@ from sqlalchemy.orm import Session
 from gpufleet.errors import ConflictError, ForbiddenError, LimitError, NotFoundError
 from gpufleet.lifecycle import accounts, clusters, held, pools, runs
 from gpufleet.lifecycle.provision import provision, with_pool
+from gpufleet.server import paths
 from gpufleet.slot_words import devices_shown
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster
 from gpufleet.views import cluster_rows, pool_nodes
 
 if TYPE_CHECKING:
-    from gpufleet.server.api import Ctx
+    from gpufleet.server.ctx import Ctx
 
 OTHERS = "another user"  # what a user sees of a device held by a cluster not theirs
 
@@ -49,7 +50,7 @@ def unnamed(listed: list[dict[str, Any]], mine: set[str]) -> list[dict[str, Any]
 def add_routes(app: FastAPI, ctx: Ctx) -> None:
     store = ctx.store
 
-    @app.post("/api/v1/clusters")
+    @app.post(paths.CLUSTERS)
     def launch(body: ClusterIn, request: Request) -> dict[str, Any]:
         me = ctx.who(request)
         spec = ClusterSpec.parse(with_pool(store, body.spec))
@@ -68,7 +69,7 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
         made = provision(store, spec, None, body.cpu_slots, user=me.user, then=audited)
         return cluster_rows(store, [made], time.time(), pool_nodes(store, body.cpu_slots))[0]
 
-    @app.get("/api/v1/clusters")
+    @app.get(paths.CLUSTERS)
     def listed(request: Request, user: str | None = None, all: bool = False
                ) -> list[dict[str, Any]]:
         """The running clusters (`all`: stopped ones too), the caller's or an admin's every."""
@@ -84,7 +85,7 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
             found = list(s.scalars(q))
         return cluster_rows(store, found, time.time(), pool_nodes(store))
 
-    @app.delete("/api/v1/clusters/{name}")
+    @app.delete(paths.CLUSTER)
     def stop(name: str, request: Request) -> dict[str, Any]:
         me = ctx.who(request)
         try:
@@ -92,7 +93,7 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
         except NotFoundError:
             if me.admin:
                 raise  # it names the running clusters: everyone's are an admin's to see
-            raise NotFoundError(f"cluster: no cluster named '{name}' (GET /api/v1/clusters "
+            raise NotFoundError(f"cluster: no cluster named '{name}' (GET {paths.CLUSTERS} "
                                 "lists yours)") from None
         with accounts.refusals_audited(store, me, "stop", name):
             accounts.may_act_on(me, c.user, f"stop {name}")
@@ -104,7 +105,7 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
         ctx.wake()  # its devices are free: a queued job may start on them
         return {"name": ended.name, "status": ended.status, "cost_usd": spent}
 
-    @app.get("/api/v1/pools")
+    @app.get(paths.POOLS)
     def pools_listed(request: Request, name: str | None = None) -> list[dict[str, Any]]:
         """`gpufleet pool list` of the server's pools, where its clusters are carved from."""
         me = ctx.who(request)

@@ -1,5 +1,6 @@
-"""The CLI's side of the API: JSON over HTTP with the user's token, and the server's errors
-turned back into the same one-line errors (and exit codes) a local command gives.
+"""The CLI's transport to the API: JSON over HTTP with the user's token, and the server's
+errors turned back into the same one-line errors (and exit codes) a local command gives.
+Commands do not call it themselves: `cli/client_server.py` does, one method per route.
 
 Where the CLI finds a server: $GPUFLEET_SERVER and $GPUFLEET_TOKEN, else what `gpufleet login`
 saved in $GPUFLEET_HOME/login.json (0600).
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import errors
-from gpufleet.server import API_VERSION
+from gpufleet.server import API_VERSION, paths
 
 LOGIN_FILE = "login.json"
 TIMEOUT_S = 60.0
@@ -40,7 +41,7 @@ class Client:
 
     def call(self, method: str, path: str, body: Any = None,
              query: dict[str, Any] | None = None) -> Any:
-        if not self._checked and path != "/api/v1/version":
+        if not self._checked and path != paths.VERSION:
             self.check_version()
         q = {k: v for k, v in (query or {}).items() if v is not None}
         url = self.url + path + (f"?{urllib.parse.urlencode(q)}" if q else "")
@@ -70,7 +71,7 @@ class Client:
                                      "gpufleet server?") from None
 
     def check_version(self) -> None:
-        got = self.call("GET", "/api/v1/version")
+        got = self.call("GET", paths.VERSION)
         api = got.get("api") if isinstance(got, dict) else None
         if api != API_VERSION:
             from gpufleet import __version__

@@ -28,13 +28,13 @@ from pydantic import BaseModel, Field
 from gpufleet.errors import ForbiddenError
 from gpufleet.lifecycle import accounts, jobs
 from gpufleet.lifecycle.accounts import Identity
-from gpufleet.server import board, metrics
+from gpufleet.server import board, metrics, paths
 from gpufleet.server.routes import DESCRIBED
 from gpufleet.web import auth, data, routes
 from gpufleet.web.app import STATIC, js_value, page_html
 
 if TYPE_CHECKING:
-    from gpufleet.server.api import Ctx
+    from gpufleet.server.ctx import Ctx
 
 MAX_TOKEN_CHARS = 512
 # the page and the sign-in form: never cached (the page names its user), never framed
@@ -72,7 +72,7 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
     def readable(request: Request, name: str) -> None:
         accounts.may_act_on(ctx.who(request), jobs.get(store, name).user, f"job {name}")
 
-    @app.post("/api/v1/session")
+    @app.post(paths.SESSION)
     def sign_in(body: SessionIn, request: Request) -> JSONResponse:
         """Sign in with {token}: answers the caller and sets the HTTP-only session cookie."""
         token = body.token.strip()
@@ -87,7 +87,7 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
                             httponly=True, samesite="strict")
         return response
 
-    @app.delete("/api/v1/session")
+    @app.delete(paths.SESSION)
     def sign_out(request: Request) -> Response:
         """Sign out: clears the session cookie."""
         return _cookie_cleared(JSONResponse({"signed_out": True}), request)
@@ -141,7 +141,7 @@ def add_routes(app: FastAPI, ctx: Ctx) -> None:
         wanted = [n for n in names.split(",") if n] if names else None
         return data.job_series(store, name, since, wanted, time.time())
 
-    @app.get("/api/v1/usage/summary")
+    @app.get(paths.USAGE_SUMMARY)
     def usage_summary(request: Request) -> dict[str, Any]:
         """The Usage panel: spend per user and team this month and in 30 days, team limits."""
         return board.usage_summary(store, ctx.who(request), time.time())
