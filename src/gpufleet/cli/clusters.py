@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, approve_quote, confirm, out, print_json, remote, store
+from gpufleet.cli.app import (
+    COMMAND,
+    app,
+    approve_quote,
+    confirm,
+    out,
+    print_json,
+    remote,
+    say,
+    store,
+)
 from gpufleet.cli.options import (
     Backend,
     ClusterName,
@@ -80,7 +90,7 @@ def launch(
         return
     st = store()
     spec = ClusterSpec.parse(with_pool(st, merged))
-    cluster = provision(st, spec, approve_quote(yes, quiet=as_json), cpu_slots)
+    cluster = provision(st, spec, approve_quote(yes, quiet=as_json), cpu_slots, say=say)
     if as_json:
         print_json(cluster_rows(st, [cluster], time.time(), pool_nodes(st, cpu_slots))[0])
         return
@@ -294,7 +304,7 @@ def stop(
         running = f", its job {job.name} ends" if job is not None else ""
         confirm(f"Stop cluster {c.name} ({devices_shown(c.gpu, c.count)}{running})?", yes)
     for c, _job in plan.clusters:
-        stopped, spent = runs.stop_cluster(st, c)
+        stopped, spent = runs.stop_cluster(st, c, say=say)
         out.print(f"Cluster {stopped.name}: {stopped.status}, devices freed, cost ${spent:.4f}")
     if all_:
         _end_idle_server()

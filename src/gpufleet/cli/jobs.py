@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpufleet.cli.app import COMMAND, app, approve_quote, err, out, print_json, remote, store
+from gpufleet.cli.app import (
+    COMMAND,
+    app,
+    approve_quote,
+    err,
+    out,
+    print_json,
+    remote,
+    say,
+    store,
+)
 from gpufleet.cli.help import with_panels
 from gpufleet.cli.job_spec import job_data, job_spec
 from gpufleet.cli.options import (
@@ -149,7 +159,7 @@ def run(
         st = store()
         job, on = submit.resume(st, resume, approve_quote(yes), cpu_slots, say=lambda note:
                                 out.print(f"Resuming {resume}: {note}.", markup=False,
-                                          highlight=False, soft_wrap=True))
+                                          highlight=False, soft_wrap=True), waiting=say)
         hand_over(st, job, on, detach, cpu_slots)
         return
     flags = {"name": name, "workers_per_node": workers_per_node, "strategy": strategy,
@@ -187,7 +197,7 @@ def run(
     from gpufleet.lifecycle import accounts, queued
 
     result = queued.run_or_queue(st, spec, accounts.local_identity(st), approve, cpu_slots,
-                                 queue=not no_queue, environ=os.environ)
+                                 queue=not no_queue, environ=os.environ, say=say)
     tell()
     if isinstance(result, tuple):
         hand_over(st, *result, detach, cpu_slots)

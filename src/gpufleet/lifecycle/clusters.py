@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import secrets
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from gpufleet import slot_words
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
 from gpufleet.lifecycle import engine_alloc, job_runs, owners, pool_index
+from gpufleet.lifecycle.say import Say, told
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, ClusterStatus
 from gpufleet.plan import cost
 from gpufleet.pool.allocate import allocate, free_devices
@@ -347,11 +347,13 @@ def ids_of(found: list[Placement]) -> list[str]:
     return [f"{p.node_id}/{d.id}" for p in found for d in p.devices]
 
 
-def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: int | None = None) -> Cluster:
+def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: int | None = None,
+         say: Say | None = None) -> Cluster:
     """Free the devices and freeze the cost (and end any run on it: `job_runs`). Jobs still
     running on it must be stopped first.
 
     `cluster_id` pins the exact cluster (a job's own), since a name can be reused after a stop.
+    `say` hears an engine allocation that could not be released (default: the log).
     """
     with store.session() as s:
         q = select(Cluster).where(Cluster.id == cluster_id) if cluster_id is not None else (
@@ -369,7 +371,7 @@ def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: i
         job_runs.cluster_stopped(s, c)
     problem = engine_alloc.release(store, c)  # after the store: a stopped cluster holds nothing
     if problem:
-        sys.stderr.write(f"gpufleet: cluster {c.name}: {problem}\n")
+        told(say)(f"cluster {c.name}: {problem}")
     shutil.rmtree(c.scratch_dir, ignore_errors=True)
     return c
 
