@@ -87,7 +87,7 @@ def admit(spec: JobSpec, target: Target, facts: Facts) -> Admitted | Refused:
 
     assert spec.name is not None
     try:
-        jobs.check_workers(spec, target.per_node, target.name)
+        check_workers(spec, target.per_node, target.name)
         check_pool_job(spec, target.kind, target.nodes)
         if facts.name_taken:
             raise jobs.name_taken_error(spec.name)
@@ -104,6 +104,13 @@ def or_raise(decision: Admitted | Refused) -> Admitted:
     if isinstance(decision, Refused):
         raise decision.error
     return decision
+
+
+def check_workers(spec: JobSpec, per_node: int, cluster_name: str) -> None:
+    if spec.workers_per_node is not None and spec.workers_per_node > per_node:
+        raise SpecError([("workers_per_node", f"{spec.workers_per_node} workers per node need as "
+                          f"many devices, but cluster {cluster_name} has {per_node} per node; use "
+                          f"1 to {per_node}")])
 
 
 def check_pool_job(spec: JobSpec, kind: str | None, nodes: int) -> None:

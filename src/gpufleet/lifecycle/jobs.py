@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpufleet.errors import ConflictError, LimitError, NotFoundError, SpecError
+from gpufleet.errors import ConflictError, LimitError, NotFoundError
 from gpufleet.lifecycle import job_runs, owners
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, JobStatus
 from gpufleet.slot_words import devices_shown
@@ -70,13 +70,6 @@ def free_name_for(store: Store, spec: JobSpec) -> str:
                         "the job a name (--name)")
 
 
-def check_workers(spec: JobSpec, per_node: int, cluster_name: str) -> None:
-    if spec.workers_per_node is not None and spec.workers_per_node > per_node:
-        raise SpecError([("workers_per_node", f"{spec.workers_per_node} workers per node need as "
-                          f"many devices, but cluster {cluster_name} has {per_node} per node; use "
-                          f"1 to {per_node}")])
-
-
 def _busy_with(s: Session, cluster: Cluster) -> str | None:
     return s.scalar(select(Job.name).where(Job.cluster_id == cluster.id, Job.status.in_(ACTIVE)))
 
@@ -130,7 +123,6 @@ def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int,
 
     name = job_name_for(spec)
     user, team = owner if owner is not None else (os_user(), None)
-    check_workers(spec, cluster.count // cluster.nodes, cluster.name)
     job_dir = gpufleet_home() / "jobs" / name
     with store.session() as s:
         if s.scalar(select(Job).where(Job.name == name)) is not None:
