@@ -60,3 +60,16 @@ def test_the_check_finds_a_print_and_a_write() -> None:
     assert _prints(ast.parse(source)) == [3, 4]
     assert not _is_program(ast.parse(source))
     assert _is_program(ast.parse(source + "if __name__ == '__main__':\n    f()\n"))
+
+
+def test_words_nobody_asked_for_reach_stderr_as_the_line_they_always_made() -> None:
+    """A caller that passes no `say` (the server's loop, a reconcile, the supervisor): the
+    `gpufleet` logger, which Python writes to stderr unconfigured, as the bare message."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "from gpufleet.lifecycle.say import told; "
+                           "told(None)('cluster c: scancel 7: refused'); told(print)('here')"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stderr == "gpufleet: cluster c: scancel 7: refused\n"
+    assert done.stdout == "here\n"
