@@ -128,3 +128,21 @@ def test_refused_requests_leave_nothing_behind(fleet: Fleet) -> None:
     assert [c["name"] for c in fleet.clusters(all_=True)] == ["held"]
     assert _reservations(fleet.home) == 2
     assert not (fleet.home / "clusters" / "more").exists()
+
+
+def test_a_detached_run_whose_supervisor_cannot_start_fails_and_frees_its_cluster(
+        fleet: Fleet) -> None:
+    """`run -d` starts the supervisor through `runs.start_detached`, which fails the job and
+    frees the cluster made for it when the start fails (here: its log is a folder)."""
+    (fleet.home / "jobs" / "nolog" / "supervisor.log").mkdir(parents=True)
+    r = fleet("run", "-d", "--gpu", "cpu", "--count", "1", "--name", "nolog", "-y", WORKER)
+    assert r.returncode == 2, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert "Traceback" not in r.stderr + r.stdout
+    [line] = error_lines(r.stderr)
+    assert line.startswith("error: job nolog: its supervisor could not start: "), line
+    with sqlite3.connect(fleet.home / "state.db") as db:
+        status, reason = db.execute(
+            "select status, reason from jobs where name = 'nolog'").fetchone()
+    assert status == "failed" and reason == line.removeprefix("error: job nolog: ")
+    assert _reservations(fleet.home) == 0
+    assert [c["status"] for c in fleet.clusters(all_=True)] == ["stopped"]

@@ -86,3 +86,21 @@ def test_with_no_free_node_the_cluster_goes_on_smaller_and_banks_its_cost(store:
     assert 0 < c.usd_per_hour < rate and c.rate_since is not None
     with pytest.raises(AllocationError, match="every node of big is lost"):
         clusters.heal(store, c, [])
+
+
+def test_a_grown_reservation_is_held_in_the_clusters_own_pool(store: Store) -> None:
+    """`resize` once read the free devices from this host's reservations and made its rows
+    without `pool=`: on a pool it took a device the cluster already held, in 'local'."""
+    from sqlalchemy import select
+
+    from gpufleet.store import Reservation
+
+    nodes = [_node("a")]
+    c = clusters.launch(store, _spec("one", count=1, nodes=1), nodes, pool="p")
+    clusters.resize(store, c.id, 2, nodes)
+    with store.read() as s:
+        rows = s.execute(select(Reservation.device_id, Reservation.pool)
+                         .where(Reservation.cluster_id == c.id)).all()
+        held = clusters.held(s, "p")
+    assert sorted(rows) == [("gpu0", "p"), ("gpu1", "p")]
+    assert held == {("a", "gpu0"): "one", ("a", "gpu1"): "one"}

@@ -9,7 +9,8 @@ import pytest
 
 from gpufleet import durable_copy
 from gpufleet.errors import SpecError
-from gpufleet.lifecycle.submit import check_pool_job, first_world, resume_note
+from gpufleet.lifecycle.admission import check_pool_job, first_world
+from gpufleet.lifecycle.submit import resume_note
 from gpufleet.spec import JobSpec
 from gpufleet.store import Cluster, Event, Job, Store
 

@@ -30,6 +30,13 @@ out = Console(width=None if Console().is_terminal else 160)
 err = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
 
 
+def say(text: str) -> None:
+    """What a library call has to tell the person at this terminal while it works (an
+    engine's pending reason; `lifecycle.say`): one `gpufleet:` line on stderr."""
+    sys.stderr.write(f"gpufleet: {text}\n")
+    sys.stderr.flush()
+
+
 def group(help_text: str) -> typer.Typer:
     """A command group (`pool`, `bench`), drawn like the app in --help."""
     return typer.Typer(help=help_text, no_args_is_help=True, cls=FleetGroup)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpufleet.cli.app import approve_quote, confirm, err, out
+from gpufleet.cli.app import approve_quote, confirm, err, out, say
 from gpufleet.cli.app import store as open_store
 from gpufleet.cli.client import JobInput, Launched
 from gpufleet.errors import SpecError
@@ -56,7 +56,7 @@ class LocalClient:
 
         st = self.store
         c = provision(st, ClusterSpec.parse(with_pool(st, spec)),
-                      approve_quote(yes, quiet=as_json), cpu_slots)
+                      approve_quote(yes, quiet=as_json), cpu_slots, say=say)
         row = cluster_rows(st, [c], time.time(), pool_nodes(st, cpu_slots))[0] if as_json \
             else None
         where = "; ".join(f"{p.node_id}: {','.join(d.id for d in p.devices)}"
@@ -130,7 +130,7 @@ class LocalClient:
             running = f", its job {job.name} ends" if job is not None else ""
             confirm(f"Stop cluster {c.name} ({devices_shown(c.gpu, c.count)}{running})?", yes)
         for c, _job in plan.clusters:
-            stopped, spent = runs.stop_cluster(st, c)
+            stopped, spent = runs.stop_cluster(st, c, say=say)
             out.print(f"Cluster {stopped.name}: {stopped.status}, devices freed, cost "
                       f"${spent:.4f}")
         if every:
@@ -165,7 +165,7 @@ class LocalClient:
             print_dry_run(dry)
             return
         result = queued.run_or_queue(st, spec, self.me(), approve, cpu_slots, queue=queue,
-                                     environ=os.environ)
+                                     environ=os.environ, say=say)
         tell()
         if isinstance(result, tuple):
             hand_over(st, *result, detach, cpu_slots)
@@ -186,7 +186,7 @@ class LocalClient:
         st = self.store
         job, on = submit.resume(st, name, approve_quote(yes), cpu_slots, say=lambda note:
                                 out.print(f"Resuming {name}: {note}.", markup=False,
-                                          highlight=False, soft_wrap=True))
+                                          highlight=False, soft_wrap=True), waiting=say)
         hand_over(st, job, on, detach, cpu_slots)
 
     def job(self, name: str) -> dict[str, Any]:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import secrets
 import shutil
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from gpufleet import slot_words
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
 from gpufleet.lifecycle import engine_alloc, job_runs, owners, pool_index
+from gpufleet.lifecycle.say import Say, told
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, ClusterStatus
 from gpufleet.plan import cost
 from gpufleet.pool.allocate import allocate, free_devices
@@ -171,14 +171,20 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
         )
         s.add(cluster)
         s.flush()
-        for p in alloc.placements:
-            for d in p.devices:
-                s.add(Reservation(cluster_id=cluster.id, node_id=p.node_id, address=p.address,
-                                  device_id=d.id, device_index=d.index, pool=pool or "local"))
+        s.add_all(reservation_rows(cluster, alloc.placements))
         if then is not None:
             then(s, cluster)
     Path(cluster.scratch_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
     return cluster
+
+
+def reservation_rows(cluster: Cluster, placements: Iterable[Placement]) -> list[Reservation]:
+    """The rows that hold `placements` for `cluster`, keyed by the cluster's own pool: the one
+    way a reservation row is made, so none can miss the pool (the unique key that keeps two
+    pools' same-named nodes apart). `cluster` must be flushed (it has an id)."""
+    return [Reservation(cluster_id=cluster.id, node_id=p.node_id, address=p.address,
+                        device_id=d.id, device_index=d.index, pool=cluster.pool or "local")
+            for p in placements for d in p.devices]
 
 
 def check_name_free(store: Store, name: str) -> None:
@@ -227,10 +233,8 @@ def heal(store: Store, cluster: Cluster, nodes: list[Node]) -> tuple[Cluster, li
                              f"{len(mine)} node(s)")
                 continue
             p = got.placements[0]
+            s.add_all(reservation_rows(c, [p]))
             for d in p.devices:
-                r = Reservation(cluster_id=c.id, node_id=p.node_id, address=p.address,
-                                device_id=d.id, device_index=d.index, pool=c.pool or "local")
-                s.add(r)
                 reserved[(p.node_id, d.id)] = c.name
             exclusive[p.node_id] = c.name
             mine[p.node_id] = []
@@ -257,7 +261,7 @@ def _rebill(c: Cluster, count: int, now: float) -> None:
 def free_count(store: Store, cluster: Cluster, nodes: list[Node]) -> int:
     """Devices of the cluster's type that nobody holds, on the nodes the cluster is on."""
     with store.read() as s:
-        reserved = held(s)
+        reserved = held(s, cluster.pool)
     mine = {p.node_id for p in placements(store, cluster)}
     return sum(len(free_devices(n, cluster.gpu, reserved)) for n in nodes if n.id in mine)
 
@@ -281,14 +285,14 @@ def resize(store: Store, cluster_id: int, count: int, nodes: list[Node]) -> Clus
                 s.delete(r)
         elif count > len(rows):
             node = next((n for n in nodes if rows and n.id == rows[0].node_id), None)
-            free = free_devices(node, c.gpu, held(s)) if node is not None else []
+            free = free_devices(node, c.gpu, held(s, c.pool)) if node is not None else []
             need = count - len(rows)
             if len(free) < need:
                 raise AllocationError(f"count: cluster {c.name} needs {need} more {c.gpu} "
                                       f"device(s) but the node has {len(free)} free")
-            for d in sorted(free, key=lambda d: d.index)[:need]:
-                s.add(Reservation(cluster_id=c.id, node_id=rows[0].node_id,
-                                  address=rows[0].address, device_id=d.id, device_index=d.index))
+            grown = Placement(rows[0].node_id, rows[0].address,
+                              tuple(sorted(free, key=lambda d: d.index)[:need]))
+            s.add_all(reservation_rows(c, [grown]))
         _rebill(c, count, now)
         c.count = count
         return c
@@ -343,11 +347,13 @@ def ids_of(found: list[Placement]) -> list[str]:
     return [f"{p.node_id}/{d.id}" for p in found for d in p.devices]
 
 
-def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: int | None = None) -> Cluster:
+def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: int | None = None,
+         say: Say | None = None) -> Cluster:
     """Free the devices and freeze the cost (and end any run on it: `job_runs`). Jobs still
     running on it must be stopped first.
 
     `cluster_id` pins the exact cluster (a job's own), since a name can be reused after a stop.
+    `say` hears an engine allocation that could not be released (default: the log).
     """
     with store.session() as s:
         q = select(Cluster).where(Cluster.id == cluster_id) if cluster_id is not None else (
@@ -365,7 +371,7 @@ def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: i
         job_runs.cluster_stopped(s, c)
     problem = engine_alloc.release(store, c)  # after the store: a stopped cluster holds nothing
     if problem:
-        sys.stderr.write(f"gpufleet: cluster {c.name}: {problem}\n")
+        told(say)(f"cluster {c.name}: {problem}")
     shutil.rmtree(c.scratch_dir, ignore_errors=True)
     return c
 
@@ -381,10 +387,7 @@ def regrant(store: Store, cluster_id: int, nodes: list[Node], engine_ref: str) -
         for r in s.scalars(select(Reservation).where(Reservation.cluster_id == c.id)).all():
             s.delete(r)
         s.flush()  # the deletes first: the new grant may hold the same devices again
-        for n in nodes:
-            for d in n.devices:
-                s.add(Reservation(cluster_id=c.id, node_id=n.id, address=n.address,
-                                  device_id=d.id, device_index=d.index, pool=c.pool or "local"))
+        s.add_all(reservation_rows(c, [Placement(n.id, n.address, n.devices) for n in nodes]))
         count = sum(len(n.devices) for n in nodes)
         if count != c.count:
             _rebill(c, count, time.time())

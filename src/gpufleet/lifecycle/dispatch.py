@@ -235,6 +235,10 @@ def _start(store: Store, e: QueuedJob, spec: JobSpec, backfilled: bool,
                        + (", then backfilled" if backfilled else ""), t=e.submitted_at)
         runs.start_detached(store, job, e.cpu_slots,
                             None if e.env_json is None else json.loads(e.env_json))
+    except runs.NotStarted as exc:  # the job is failed and its devices freed
+        with store.session() as s:
+            accounts.audit(s, "gpufleet", "refuse", e.name, exc.why, now)
+        return exc.why
     except Exception as exc:  # no supervisor: the job ends here, or it holds its devices forever
         return _not_started(store, e, job, f"its supervisor could not start: {exc}", now)
     _forget_env(store, e.id)

@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpufleet.errors import ConflictError, LimitError, NotFoundError, SpecError
+from gpufleet.errors import ConflictError, LimitError, NotFoundError
 from gpufleet.lifecycle import job_runs, owners
 from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, JobStatus
 from gpufleet.slot_words import devices_shown
@@ -35,15 +35,25 @@ def job_name_for(spec: JobSpec) -> str:
     return check_name(f"{stem}-{secrets.token_hex(2)}", "job")
 
 
-def check_name_free(store: Store, name: str, queued_ok: bool = False) -> None:
-    """Refuse a name a job or a queued job has; `queued_ok`: the queue's own entry of that
+def name_taken(store: Store, name: str, queued_ok: bool = False) -> bool:
+    """Whether a job or a queued job has the name; `queued_ok`: the queue's own entry of that
     name is the job being started."""
     from gpufleet.store import QueuedJob
 
     with store.read() as s:
-        if s.scalar(select(Job).where(Job.name == name)) is not None or (
-                not queued_ok and s.scalar(select(QueuedJob).where(QueuedJob.name == name))):
-            raise ConflictError(f"name: a job named '{name}' already exists; pick another name")
+        return s.scalar(select(Job.id).where(Job.name == name)) is not None or (
+            not queued_ok and s.scalar(select(QueuedJob.id).where(QueuedJob.name == name))
+            is not None)
+
+
+def name_taken_error(name: str) -> ConflictError:
+    return ConflictError(f"name: a job named '{name}' already exists; pick another name")
+
+
+def check_name_free(store: Store, name: str, queued_ok: bool = False) -> None:
+    """Refuse a name a job or a queued job has (`name_taken`)."""
+    if name_taken(store, name, queued_ok):
+        raise name_taken_error(name)
 
 
 def free_name_for(store: Store, spec: JobSpec) -> str:
@@ -61,18 +71,19 @@ def free_name_for(store: Store, spec: JobSpec) -> str:
                         "the job a name (--name)")
 
 
-def check_workers(spec: JobSpec, per_node: int, cluster_name: str) -> None:
-    if spec.workers_per_node is not None and spec.workers_per_node > per_node:
-        raise SpecError([("workers_per_node", f"{spec.workers_per_node} workers per node need as "
-                          f"many devices, but cluster {cluster_name} has {per_node} per node; use "
-                          f"1 to {per_node}")])
+def _busy_with(s: Session, cluster: Cluster) -> str | None:
+    return s.scalar(select(Job.name).where(Job.cluster_id == cluster.id, Job.status.in_(ACTIVE)))
+
+
+def busy_error(cluster: str, job: str) -> ConflictError:
+    return ConflictError(f"cluster: '{cluster}' is busy with job '{job}'; wait for it, stop it "
+                         f"(gpufleet stop {job}) or use another cluster")
 
 
 def _check_cluster_free(s: Session, cluster: Cluster) -> None:
-    busy = s.scalar(select(Job).where(Job.cluster_id == cluster.id, Job.status.in_(ACTIVE)))
+    busy = _busy_with(s, cluster)
     if busy is not None:
-        raise ConflictError(f"cluster: '{cluster.name}' is busy with job '{busy.name}'; wait "
-                            f"for it, stop it (gpufleet stop {busy.name}) or use another cluster")
+        raise busy_error(cluster.name, busy)
 
 
 def _check_quota(s: Session, team: str, cluster: Cluster) -> None:
@@ -92,10 +103,17 @@ def _check_quota(s: Session, team: str, cluster: Cluster) -> None:
                          f"{held} are in use")
 
 
-def check_cluster_free(store: Store, cluster: Cluster) -> None:
-    """Refuse a cluster another job is running on (checked again, atomically, by `create`)."""
+def busy_with(store: Store, cluster: Cluster) -> str | None:
+    """The job running on the cluster, if any (checked again, atomically, by `create`)."""
     with store.read() as s:
-        _check_cluster_free(s, cluster)
+        return _busy_with(s, cluster)
+
+
+def check_cluster_free(store: Store, cluster: Cluster) -> None:
+    """Refuse a cluster another job is running on (`busy_with`)."""
+    busy = busy_with(store, cluster)
+    if busy is not None:
+        raise busy_error(cluster.name, busy)
 
 
 def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int,
@@ -106,11 +124,10 @@ def create(store: Store, spec: JobSpec, cluster: Cluster, world_size: int,
 
     name = job_name_for(spec)
     user, team = owner if owner is not None else (os_user(), None)
-    check_workers(spec, cluster.count // cluster.nodes, cluster.name)
     job_dir = gpufleet_home() / "jobs" / name
     with store.session() as s:
         if s.scalar(select(Job).where(Job.name == name)) is not None:
-            raise ConflictError(f"name: a job named '{name}' already exists; pick another name")
+            raise name_taken_error(name)
         _check_cluster_free(s, cluster)
         if team is not None:
             _check_quota(s, team, cluster)

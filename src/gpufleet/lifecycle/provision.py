@@ -6,7 +6,6 @@ API server can check it against a budget, and both get the same refusals and the
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from sqlalchemy.orm import Session
 from gpufleet.backends.alloc import Allocating
 from gpufleet.errors import AllocationError
 from gpufleet.lifecycle import clusters, engine_alloc, pools, reconcile
+from gpufleet.lifecycle.say import told
 from gpufleet.pool.model import Placement
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Store
@@ -72,13 +72,13 @@ def provision(store: Store, spec: ClusterSpec, approve: Approve | None,
     (the server), so there is no dry run first; `launch` checks the same in its transaction.
     `user`: the server's user it is for; `then`: written in the reservation's transaction.
     On an engine that allocates (`backends.alloc.Allocating`) the request waits in the
-    engine's queue; `say` hears each change of its pending reason (default: stderr)."""
+    engine's queue; `say` hears each change of its pending reason (default: the log, `lifecycle.say`)."""
     pool = pools.resolve(store, spec.pool, spec.backend)
     backend = pools.backend_for(pool, cpu_slots)
     if isinstance(backend, Allocating):
         assert pool is not None  # this host grants nothing
         return _granted(store, spec, approve, backend, pool.name, for_job, user, then,
-                        say or _to_stderr)
+                        told(say))
     nodes = backend.discover()
     try:
         if approve is not None:
@@ -93,11 +93,6 @@ def provision(store: Store, spec: ClusterSpec, approve: Approve | None,
             raise
         raise AllocationError(f"{exc} [pool {pool.name}; this host's devices: --pool local, or "
                               "gpufleet pool use local]") from None
-
-
-def _to_stderr(text: str) -> None:
-    sys.stderr.write(f"gpufleet: {text}\n")
-    sys.stderr.flush()
 
 
 def _granted(store: Store, spec: ClusterSpec, approve: Approve | None,

@@ -17,9 +17,11 @@ from sqlalchemy import select, update
 
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, LimitError, NotFoundError, SpecError
-from gpufleet.lifecycle import accounts, clusters, depends, jobs, pools, submit, teams
+from gpufleet.lifecycle import accounts, admission, clusters, depends, jobs, pools, submit, teams
 from gpufleet.lifecycle.accounts import Identity
+from gpufleet.lifecycle.admission import Facts
 from gpufleet.lifecycle.provision import Approve, Offer
+from gpufleet.lifecycle.say import Say
 from gpufleet.lifecycle.status import QueueStatus
 from gpufleet.pool.allocate import allocate
 from gpufleet.sched import admit
@@ -92,10 +94,9 @@ def check_queueable(store: Store, spec: JobSpec, cpu_slots: int | None,
     need = need_of(store, spec)
     if isinstance(spec.cluster, ClusterSpec):
         c = spec.cluster
-        jobs.check_workers(spec, c.per_node, c.name or "")
-        submit.check_pool_job(spec, c.backend, c.nodes or 1)
-        submit.preflight(spec, c.gpu, submit.first_world(spec, c.count, c.name or "",
-                                                         c.node_count))
+        admission.or_raise(admission.admit(spec, admission.of_spec(c),
+                                           Facts(source=submit.script_source(spec))))
+        submit.check_framework(spec)
         problem = _never_fits(store, c, cpu_slots)
         if problem is not None:
             raise problem
@@ -103,9 +104,9 @@ def check_queueable(store: Store, spec: JobSpec, cpu_slots: int | None,
         approve(Offer(c, c.pool, c.fabric, q))
     else:
         row = clusters.get(store, need.cluster or "")
-        jobs.check_workers(spec, row.count // row.nodes, row.name)
-        submit.check_pool_job(spec, row.backend, row.nodes)
-        submit.preflight(spec, row.gpu, submit.first_world(spec, row.count, row.name, row.nodes))
+        admission.or_raise(admission.admit(spec, admission.of_cluster(row),
+                                           Facts(source=submit.script_source(spec))))
+        submit.check_framework(spec)
     return need
 
 
@@ -122,8 +123,7 @@ def enqueue(store: Store, spec: JobSpec, who: Identity, need: Need, cpu_slots: i
                     s.scalar(select(QueuedJob.id).where(QueuedJob.name == spec.name))):
                 break
             if not picked:
-                raise ConflictError(f"name: a job named '{spec.name}' already exists; pick "
-                                    "another name")
+                raise jobs.name_taken_error(spec.name)
             spec = spec.model_copy(update={"name": jobs.job_name_for(
                 spec.model_copy(update={"name": None}))})
         else:
@@ -185,10 +185,12 @@ def _contending(store: Store, need: Need, in_use: Mapping[tuple[str, str], int],
 
 def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
                  cpu_slots: int | None, queue: bool = True, now: float | None = None,
-                 environ: Mapping[str, str] | None = None) -> tuple[Job, Cluster] | QueuedJob:
+                 environ: Mapping[str, str] | None = None,
+                 say: Say | None = None) -> tuple[Job, Cluster] | QueuedJob:
     """Start the job now, or queue it (`queue` False: refuse instead, with the reason).
     `environ`: the submitter's environment, kept for the start of a queued job (the state
-    file is owner-only); None: the starting process's."""
+    file is owner-only); None: the starting process's. `say`: hears an engine's pending
+    reasons while a job that starts now waits for its grant."""
     now = time.time() if now is None else now
     picked = not spec.name
     spec = spec.model_copy(update={"name": jobs.free_name_for(store, spec)})
@@ -221,11 +223,11 @@ def run_or_queue(store: Store, spec: JobSpec, who: Identity, approve: Approve,
             raise ConflictError("queue: jobs are waiting for these devices; without --no-queue "
                                 "this job would wait its turn (gpufleet jobs)")
         return _started(submit.submit(store, spec, approve, cpu_slots,
-                                      owner=(who.user, who.team)), who, now, store)
+                                      owner=(who.user, who.team), say=say), who, now, store)
     if not ahead and not held and not _busy(store, spec, cpu_slots):
         try:
             return _started(submit.submit(store, spec, approve, cpu_slots,
-                                          owner=(who.user, who.team)), who, now, store)
+                                          owner=(who.user, who.team), say=say), who, now, store)
         except LimitError:
             pass  # another start of the team took its quota a moment ago: wait for it
         except (AllocationError, ConflictError):

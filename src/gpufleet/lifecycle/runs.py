@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from gpufleet.errors import ConflictError, NotFoundError
+from gpufleet.errors import ConflictError, NotFoundError, StateError
 from gpufleet.launch import run_env
 from gpufleet.lifecycle import clusters, jobs, reconcile
 from gpufleet.lifecycle.provision import backend_of
+from gpufleet.lifecycle.say import Say
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.plan import cost
 from gpufleet.store import Cluster, Job, Store
@@ -32,12 +33,37 @@ if TYPE_CHECKING:
     from gpufleet.supervise.supervisor import Supervisor
 
 
+class NotStarted(StateError):
+    """The job's supervisor could not start; the job is failed with `why` and a cluster made
+    for it is freed."""
+
+    def __init__(self, job: str, why: str) -> None:
+        super().__init__(f"job {job}: {why}")
+        self.why = why
+
+
 def start_detached(store: Store, job: Job, cpu_slots: int | None = None,
                    environ: Mapping[str, str] | None = None) -> int:
     """Start the job's own supervisor process and record it; its pid. It sees the pool as the
     caller did (`cpu_slots`), for an elastic job growing its cluster. `environ`: the
     environment to start it in (a queued job's submitting shell), else this process's; the
-    state folder and database are always this process's."""
+    state folder and database are always this process's.
+
+    A supervisor that cannot start (its log cannot be opened, no interpreter) raises
+    `NotStarted` after failing the job and freeing a cluster made for it: nothing else would,
+    since the process that created the job (the server, or a CLI that reports the error) may
+    live on, so `reconcile` never sees the job orphaned, and its devices stay held."""
+    try:
+        return _spawn(store, job, cpu_slots, environ)
+    except OSError as exc:
+        why = f"its supervisor could not start: {exc}"
+        jobs.transition(store, job.id, JobStatus.FAILED, why, expect=(JobStatus.STARTING,))
+        reconcile.free_own_cluster(store, job, keep=False)
+        raise NotStarted(job.name, why) from None
+
+
+def _spawn(store: Store, job: Job, cpu_slots: int | None,
+           environ: Mapping[str, str] | None) -> int:
     env = run_env.supervisor_env(os.environ if environ is None else environ, os.environ,
                                  cpu_slots)
     with open(Path(job.job_dir) / "supervisor.log", "ab") as log:
@@ -131,12 +157,14 @@ def plan_stop(store: Store, name: str | None, every: bool = False) -> StopPlan:
     return StopPlan(clusters=[(c, clusters.running_job(store, c.id)) for c in found])
 
 
-def stop_cluster(store: Store, cluster: Cluster) -> tuple[Cluster, float]:
-    """Stop the cluster's running job, free its devices; the stopped cluster and its cost."""
+def stop_cluster(store: Store, cluster: Cluster,
+                 say: Say | None = None) -> tuple[Cluster, float]:
+    """Stop the cluster's running job, free its devices; the stopped cluster and its cost.
+    `say` hears what `clusters.stop` has to tell."""
     running = clusters.running_job(store, cluster.id)
     if running is not None:
         stop_job(store, running)
-    c = clusters.stop(store, cluster.name, cluster_id=cluster.id)
+    c = clusters.stop(store, cluster.name, cluster_id=cluster.id, say=say)
     spent = cost.accrued_usd(c.usd_per_hour, c.started_at, c.stopped_at, time.time(),
                              c.banked_usd or 0.0, c.rate_since)
     return c, spent

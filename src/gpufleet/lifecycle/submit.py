@@ -1,5 +1,5 @@
-"""Submitting a job and resuming one: every check that refuses a job before anything starts,
-then the job record on its cluster (an existing one, or one made for the job).
+"""Submitting a job and resuming one: the admission pass (`lifecycle.admission`) with what it
+reads gathered here, then the job record on its cluster (an existing one, or one made for it).
 
 What the CLI's `run` and `run --resume` do, as functions an API server can call too. Starting
 the supervisor is `lifecycle.runs`; nothing here prints or asks.
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet import catalog
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import ConflictError, GpufleetError, SpecError
 from gpufleet.lifecycle import clusters, jobs
+from gpufleet.lifecycle.admission import Facts, Refused, admit, of_cluster, of_spec, or_raise
 from gpufleet.lifecycle.provision import Approve, allocation, provision
 from gpufleet.lifecycle.status import JobStatus
 from gpufleet.parallelism import Layout
@@ -42,64 +42,38 @@ class DryRun:
     this_host: bool = True  # its supervisor starts the workers from the caller's environment
 
 
-def check_pool_job(spec: JobSpec, kind: str | None, nodes: int) -> None:
-    """What a job on a pool other than this host cannot do, refused before anything starts."""
-    from gpufleet.launch.frameworks import MULTI_NODE_FRAMEWORKS
-
-    caps = capabilities(kind)
-    if not caps.runs_jobs:
-        raise SpecError([("cluster", "a simulated pool only plans and reserves; run jobs on the "
-                          "local pool or a Ray pool (--pool local, or gpufleet pool up --local)")])
-    if not caps.this_host or nodes > 1:
-        if spec.framework not in MULTI_NODE_FRAMEWORKS:
-            raise SpecError([("framework", f"'{spec.framework}' runs on this host's pool only; "
-                              f"on a Ray pool allowed: {', '.join(MULTI_NODE_FRAMEWORKS)}")])
-        if spec.worker_range is not None:
-            raise SpecError([("workers", "elastic resizing runs on the local pool only; on a "
-                              "Ray pool, --max-restarts replaces a lost node instead")])
-    elif spec.worker_range is not None and not caps.elastic:
-        raise SpecError([("workers", "elastic resizing runs on the local pool only")])
+def script_source(spec: JobSpec) -> str | None:
+    """The job's script as text, for admission's shape checks; None when it is not Python
+    text we can read (those checks are then skipped)."""
+    try:
+        return (Path(spec.workdir or ".") / spec.script).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
-def first_world(spec: JobSpec, devices: int, cluster: str, nodes: int = 1) -> int:
-    """Workers the job starts with: one per device (or --workers-per-node), or for an elastic
-    job the largest size in its range that the cluster's devices allow."""
-    from gpufleet.supervise.elastic import elastic_plan
-
-    if spec.worker_range is None:
-        return spec.workers_per_node * nodes if spec.workers_per_node else devices
-    policy, allowed, first = elastic_plan(spec, devices)
-    assert policy is not None
-    if not allowed:
-        raise SpecError([("workers", f"no size in {spec.workers} suits the job: a size must "
-                          f"divide {policy.max_workers} (the global batch is fixed at the "
-                          "largest size) and fit its layout")])
-    if first > devices:
-        raise SpecError([("workers", f"{spec.workers} needs at least {allowed[0]} device(s); "
-                          f"cluster {cluster} has {devices} (use --count {allowed[0]} or more)")])
-    return first
+def facts(store: Store, spec: JobSpec, cluster: Cluster | None, queued_ok: bool = False,
+          own_name: bool = False) -> Facts:
+    """What admission reads from the store and the disk about `spec` on `cluster` (None: a
+    cluster not made yet). `queued_ok`: the queue's entry of that name is this job;
+    `own_name`: the name is the job's own (a resume), not a new one to check."""
+    assert spec.name is not None
+    return Facts(name_taken=not own_name and jobs.name_taken(store, spec.name, queued_ok),
+                 busy_with=None if cluster is None else jobs.busy_with(store, cluster),
+                 source=script_source(spec))
 
 
-def preflight(spec: JobSpec, gpu: str, world: int, dry_run: bool = False) -> Layout:
-    """Refuse a job whose layout, model, precision or framework cannot work, before anything
-    starts or is reserved (a dry run does not need the framework installed)."""
+def check_framework(spec: JobSpec) -> None:
+    """Refuse a job whose framework is not installed for the job's Python: a process probe, so
+    it comes after an admission (a dry run, which starts nothing, does not need it)."""
     from gpufleet import preflight as checks
 
-    path = Path(spec.workdir or ".") / spec.script
-    try:
-        source: str | None = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        source = None  # not Python text we can read: the shape checks are skipped
-    layout = checks.check(spec, catalog.resolve_gpu(gpu), world, source)
-    if not dry_run:
-        module = checks.FRAMEWORK_MODULES.get(spec.framework, ("",))[0]
-        found = {module} if module and _importable(module) else set()
-        problem = checks.missing_framework(spec.framework, found)
-        if spec.framework == "horovod" and not problem and not shutil.which("horovodrun"):
-            problem = "horovodrun is not on PATH; install horovod with its launcher"
-        if problem:
-            raise SpecError([("framework", problem)])
-    return layout
+    module = checks.FRAMEWORK_MODULES.get(spec.framework, ("",))[0]
+    found = {module} if module and _importable(module) else set()
+    problem = checks.missing_framework(spec.framework, found)
+    if spec.framework == "horovod" and not problem and not shutil.which("horovodrun"):
+        problem = "horovodrun is not on PATH; install horovod with its launcher"
+    if problem:
+        raise SpecError([("framework", problem)])
 
 
 def _importable(module: str) -> bool:
@@ -125,10 +99,13 @@ def parse_job(store: Store, data: dict[str, Any]) -> JobSpec:
 
 def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None = None,
            dry_run: bool = False, owner: tuple[str, str | None] | None = None,
-           from_queue: bool = False) -> tuple[Job, Cluster] | DryRun:
-    """Check the job, make its cluster if the spec describes one (after `approve`), and create
-    its record, ready for a supervisor. A refused job leaves no cluster made for it behind.
-    `owner`: (user, team) it is billed to; `from_queue`: the queue starts its own entry."""
+           from_queue: bool = False,
+           say: Callable[[str], None] | None = None) -> tuple[Job, Cluster] | DryRun:
+    """Admit the job (`admission.admit`), make its cluster if the spec describes one (after
+    `approve`) and admit it again on what was granted, and create its record, ready for a
+    supervisor. A refused job leaves no cluster made for it behind. `owner`: (user, team) it
+    is billed to; `from_queue`: the queue starts its own entry; `say`: hears an engine's
+    pending reasons while it waits for a grant."""
     spec = spec.model_copy(update={"name": jobs.job_name_for(spec)})  # fixed once, used twice
     assert spec.name is not None
     made_here = isinstance(spec.cluster, ClusterSpec)
@@ -140,43 +117,37 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
             # the cluster outlives the job's own limit by the time its stop takes (a last
             # checkpoint, the clean-up), so the engine never cuts that short
             cspec = cspec.model_copy(update={"time_limit": f"{spec.time_limit_s + 120:.0f}s"})
-        jobs.check_name_free(store, spec.name, from_queue)
-        jobs.check_workers(spec, cspec.per_node, cspec.name or "")
-        layout = preflight(spec, cspec.gpu, first_world(spec, cspec.count, cspec.name or "",
-                                                        cspec.node_count), dry_run)
-        check_pool_job(spec, cspec.backend, cspec.nodes or 1)
+        decided = or_raise(admit(spec, of_spec(cspec), facts(store, spec, None, from_queue)))
         if dry_run:
             placements, fabric = allocation(store, cspec, cpu_slots)
-            return DryRun(spec, layout, placements, cspec.name or "", fabric,
+            return DryRun(spec, decided.layout, placements, cspec.name or "", fabric,
                           engine_lines(store, spec, cspec, None, placements),
                           capabilities(cspec.backend).this_host)
+        check_framework(spec)
         cluster = provision(store, cspec, approve, cpu_slots, for_job=spec.name,
-                            user=owner[0] if owner else None)
-        try:
-            check_pool_job(spec, cluster.backend, cluster.nodes)
-            jobs.check_workers(spec, cluster.count // cluster.nodes, cluster.name)
-        except GpufleetError:
+                            user=owner[0] if owner else None, say=say)
+        # the pool may grant other nodes than were asked for: the same pass on what it granted
+        granted = admit(spec, of_cluster(cluster, clusters.placements(store, cluster)),
+                        facts(store, spec, cluster, from_queue))
+        if isinstance(granted, Refused):
             clusters.stop(store, cluster.name, reason="job refused", cluster_id=cluster.id)
-            raise
+            raise granted.error
+        decided = granted
     else:
         assert spec.cluster is not None
         cluster = clusters.get(store, spec.cluster)
         if cluster.status not in clusters.ACTIVE:
             raise ConflictError(f"cluster: '{cluster.name}' is {cluster.status}; launch a new one")
-        jobs.check_workers(spec, cluster.count // cluster.nodes, cluster.name)
-        check_pool_job(spec, cluster.backend, cluster.nodes)
-        jobs.check_name_free(store, spec.name, from_queue)
-        jobs.check_cluster_free(store, cluster)
-        layout = preflight(spec, cluster.gpu, first_world(spec, cluster.count, cluster.name,
-                                                          cluster.nodes), dry_run)
+        decided = or_raise(admit(spec, of_cluster(cluster, clusters.placements(store, cluster)),
+                                 facts(store, spec, cluster, from_queue)))
         if dry_run:
-            found = clusters.placements(store, cluster)
-            return DryRun(spec, layout, found, cluster.name, cluster.network,
+            found = list(decided.placements)
+            return DryRun(spec, decided.layout, found, cluster.name, cluster.network,
                           engine_lines(store, spec, None, cluster, found),
                           capabilities(cluster.backend).this_host)
-    world = first_world(spec, cluster.count, cluster.name, cluster.nodes)
+        check_framework(spec)
     try:
-        job = jobs.create(store, spec, cluster, world, owner)
+        job = jobs.create(store, spec, cluster, decided.world, owner)
     except GpufleetError:
         if made_here:
             clusters.stop(store, cluster.name, reason="job could not be created",
@@ -242,10 +213,12 @@ def resume_words(newest: tuple[int, str] | None, command: Sequence[str], workdir
 
 
 def resume(store: Store, name: str, approve: Approve, cpu_slots: int | None = None,
-           say: Callable[[str], None] | None = None) -> tuple[Job, Cluster]:
+           say: Callable[[str], None] | None = None,
+           waiting: Callable[[str], None] | None = None) -> tuple[Job, Cluster]:
     """An ended job reopened on its cluster (made again, after `approve`, if it was made for
     the job), to continue from gpufleet's newest checkpoint of it if there is one; `say` hears
-    which (`resume_note`) before anything is reserved."""
+    which (`resume_note`) before anything is reserved; `waiting`, an engine's pending reasons
+    while it grants the cluster again."""
     job = jobs.get(store, name)
     if job.status in jobs.ACTIVE:
         raise ConflictError(f"resume: job '{name}' is {job.status}; stop it first "
@@ -263,7 +236,7 @@ def resume(store: Store, name: str, approve: Approve, cpu_slots: int | None = No
         cluster = old
     elif old.for_job == job.name:
         cspec = ClusterSpec.model_validate_json(old.spec_json).model_copy(update={"name": old.name})
-        cluster = provision(store, cspec, approve, cpu_slots, for_job=job.name)
+        cluster = provision(store, cspec, approve, cpu_slots, for_job=job.name, say=waiting)
     else:
         cluster = clusters.get(store, old.name)
         if cluster.status not in clusters.ACTIVE:
@@ -271,10 +244,11 @@ def resume(store: Store, name: str, approve: Approve, cpu_slots: int | None = No
                                 f"stopped; launch one with that name (gpufleet launch --name "
                                 f"{old.name} ...) and resume again")
     try:
-        jobs.check_cluster_free(store, cluster)
-        world = first_world(spec, cluster.count, cluster.name, cluster.nodes)
-        preflight(spec, cluster.gpu, world)
-        job = jobs.reopen(store, job, cluster, world, f"resumed by gpufleet run --resume, {note}")
+        decided = or_raise(admit(spec, of_cluster(cluster),
+                                 facts(store, spec, cluster, own_name=True)))
+        check_framework(spec)
+        job = jobs.reopen(store, job, cluster, decided.world,
+                          f"resumed by gpufleet run --resume, {note}")
     except GpufleetError:
         if cluster.for_job == job.name and cluster.id != old.id:
             clusters.stop(store, cluster.name, reason="job could not resume", cluster_id=cluster.id)

@@ -28,7 +28,7 @@ from gpufleet.errors import (
 )
 from gpufleet.lifecycle import accounts, hold_release, jobs, listing, queued, reconcile, runs
 from gpufleet.lifecycle.accounts import Identity
-from gpufleet.lifecycle.status import JobStatus, QueueStatus
+from gpufleet.lifecycle.status import QueueStatus
 from gpufleet.server import API_VERSION, api_admin, api_clusters, paths
 from gpufleet.server.ctx import Ctx, NoToken
 from gpufleet.server.loop import Loop
@@ -146,12 +146,8 @@ def create_api(store: Store, loop: Loop | None = None, owner_token: str | None =
             job, cluster = result
             try:
                 runs.start_detached(store, job, slots)
-            except OSError as exc:  # nothing runs it: end it here, or it holds its devices
-                why = f"its supervisor could not start: {exc}"
-                jobs.transition(store, job.id, JobStatus.FAILED, why,
-                                expect=(JobStatus.STARTING,))
-                reconcile.free_own_cluster(store, job, keep=False)
-                raise StateError(f"server: job {job.name} {why}") from None
+            except runs.NotStarted as exc:  # the job is failed and its devices freed
+                raise StateError(f"server: job {job.name} {exc.why}") from None
             woke()
             return {"name": job.name, "status": "started", "cluster": cluster.name}
         woke()
