@@ -13,6 +13,9 @@ import gpufleet
 
 LIBRARY = ("lifecycle", "pool", "sched", "backends", "supervise")
 ROOT = Path(gpufleet.__file__).resolve().parent
+# the programs' own parts: the node driver's base is the body of ray_run's and slurm_run's
+# programs (its stdout is the channel the supervisor reads the nodes' lines and a lost node on)
+PROGRAM_PARTS = ("backends/node_driver.py",)
 
 
 def _is_program(tree: ast.Module) -> bool:
@@ -41,7 +44,7 @@ def _offenders() -> tuple[list[str], list[str]]:
         for path in sorted((ROOT / package).rglob("*.py")):
             tree = ast.parse(path.read_text(encoding="utf-8"))
             name = str(path.relative_to(ROOT))
-            if _is_program(tree):
+            if _is_program(tree) or name in PROGRAM_PARTS:
                 programs.append(name)
             else:
                 loud += [f"{name}:{line}" for line in _prints(tree)]
