@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from gpufleet import cluster_row
 from gpufleet.home import checked_home
-from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE
+from gpufleet.status import CLUSTER_ACTIVE, JOB_ACTIVE
 
 SCHEMA_VERSION = 2  # store.db.SCHEMA_VERSION, which this reader understands
 COLUMNS = {

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import cluster_row, durable_copy
-from gpufleet.lifecycle.status import JOB_ACTIVE
 from gpufleet.parallelism import LayoutError, resolve
 from gpufleet.snapshot import SCHEMA_VERSION, Declined, read_only
+from gpufleet.status import JOB_ACTIVE
 from gpufleet.supervise import timeline
 from gpufleet.supervise.view import job_view
 from gpufleet.telemetry.schema import JOB_RANK, MODEL_STATE_METRICS, STEP_METRIC

@@ -16,8 +16,8 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufleet import slot_words
-from gpufleet.lifecycle.status import JOB_ACTIVE, JobStatus
 from gpufleet.slot_words import devices_shown
+from gpufleet.status import JOB_ACTIVE, JobStatus
 
 if TYPE_CHECKING:
     from gpufleet.plan import cost

@@ -16,8 +16,8 @@ from sqlalchemy import func, select
 from gpufleet import cluster_row, durable_copy
 from gpufleet.errors import GpufleetError, NotFoundError
 from gpufleet.lifecycle import clusters, jobs, pools, reconcile
-from gpufleet.lifecycle.status import JobStatus
 from gpufleet.pool.model import Node, Placement
+from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Event, Job, Store
 from gpufleet.supervise import timeline
 from gpufleet.supervise.view import JobView, job_view

@@ -8,7 +8,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from gpufleet.lifecycle.status import JobStatus
+from gpufleet.status import JobStatus
 from gpufleet.supervise import outcome
 from gpufleet.supervise.blame import ErrorRecord, Tail, blame, parse, signalled, summary
 from gpufleet.supervise.logs import PIN_HORIZON, TAIL_LINES, LogSink, RankTail

@@ -13,10 +13,10 @@ from sqlalchemy import select
 
 from gpufleet.lifecycle import accounts, clusters, dispatch, jobs, pools, queued
 from gpufleet.lifecycle.accounts import Identity
-from gpufleet.lifecycle.status import JobStatus, QueueStatus
 from gpufleet.sched.model import Running, Wait
 from gpufleet.sched.order import Use, recent_gpu_hours
 from gpufleet.spec import ClusterSpec, JobSpec
+from gpufleet.status import JobStatus, QueueStatus
 from gpufleet.store import Cluster, Job, QueuedJob, Reservation, Store, gpufleet_home
 
 ADMIN = Identity("root", None, True)

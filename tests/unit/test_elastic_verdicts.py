@@ -4,7 +4,7 @@ are not), and the trials a blocked, abandoned or failed resize leaves behind."""
 
 from __future__ import annotations
 
-from gpufleet.lifecycle.status import JobStatus
+from gpufleet.status import JobStatus
 from gpufleet.supervise import elastic, machine
 from gpufleet.supervise.events import (
     Action,

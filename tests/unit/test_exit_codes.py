@@ -1,10 +1,10 @@
-"""`lifecycle.status.exit_code`: what `run` and `logs -f` exit with after waiting for a job."""
+"""`status.exit_code`: what `run` and `logs -f` exit with after waiting for a job."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpufleet.lifecycle.status import CTRL_C_EXIT, JobStatus, QueueStatus, exit_code
+from gpufleet.status import CTRL_C_EXIT, JobStatus, QueueStatus, exit_code
 
 
 @pytest.mark.parametrize(("status", "ctrl_c", "code"), [

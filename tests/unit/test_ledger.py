@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import select
 
 from gpufleet.lifecycle import clusters, job_runs, ledger
-from gpufleet.lifecycle.status import JobStatus
 from gpufleet.plan.billing import job_cost_usd
 from gpufleet.plan.cost import accrued_usd
+from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Job, LedgerRow, Store, User
 
 FEB = float(calendar.timegm((2030, 2, 1, 0, 0, 0)))  # a UTC month start

@@ -23,10 +23,10 @@ from gpufleet.lifecycle import (
     queued,
 )
 from gpufleet.lifecycle.accounts import Identity
-from gpufleet.lifecycle.status import JOB_ACTIVE, JobStatus, QueueStatus
 from gpufleet.sched import after
 from gpufleet.sched.model import Wait
 from gpufleet.spec import ClusterSpec, JobSpec
+from gpufleet.status import JOB_ACTIVE, JobStatus, QueueStatus
 from gpufleet.store import Cluster, Job, QueuedJob, Store, gpufleet_home
 
 ADMIN = Identity("root", None, True)

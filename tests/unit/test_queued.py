@@ -14,8 +14,8 @@ from sqlalchemy import select
 from gpufleet.errors import AllocationError, ConflictError, ForbiddenError, NotFoundError, SpecError
 from gpufleet.lifecycle import accounts, clusters, pools, queued, runs
 from gpufleet.lifecycle.accounts import Identity
-from gpufleet.lifecycle.status import JobStatus, QueueStatus
 from gpufleet.spec import ClusterSpec, JobSpec
+from gpufleet.status import JobStatus, QueueStatus
 from gpufleet.store import Cluster, Job, QueuedJob, Reservation, Store
 
 ADMIN = Identity("root", None, True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpufleet.lifecycle.status import JobStatus
 from gpufleet.reportauth import Rejection, Signer, new_key
+from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Job
 from gpufleet.supervise import elastic, machine, outcome, rejected
 from gpufleet.supervise.events import (

@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import select
 
 from gpufleet.lifecycle import clusters, jobs, runs
-from gpufleet.lifecycle.status import ClusterStatus, JobStatus
 from gpufleet.pool.model import Device, Node
 from gpufleet.spec import ClusterSpec, JobSpec
+from gpufleet.status import ClusterStatus, JobStatus
 from gpufleet.store import Reservation, Store
 
 HERE = Path(__file__).resolve()

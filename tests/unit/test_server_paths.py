@@ -13,9 +13,9 @@ import pytest
 from gpufleet.errors import AllocationError, ConflictError
 from gpufleet.lifecycle import clusters, listing, queued
 from gpufleet.lifecycle.accounts import Identity
-from gpufleet.lifecycle.status import ClusterStatus, QueueStatus
 from gpufleet.pool.model import Device, Node
 from gpufleet.spec import ClusterSpec, JobSpec
+from gpufleet.status import ClusterStatus, QueueStatus
 from gpufleet.store import Cluster, QueuedJob, Reservation, Store
 
 ME = Identity("ann", "ml", False)

@@ -14,8 +14,8 @@ import pytest
 from gpufleet.backends.base import Prepared
 from gpufleet.backends.fake import Exit, FakeBackend, FakeRun, Line, Pause, Send, WorkerEvent
 from gpufleet.lifecycle import clusters, jobs
-from gpufleet.lifecycle.status import JobStatus
 from gpufleet.spec import ClusterSpec, JobSpec
+from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Job, Store
 from gpufleet.supervise.supervisor import Supervisor
 

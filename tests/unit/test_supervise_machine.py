@@ -5,7 +5,7 @@ resizes, stops at every phase, node loss, and every final status."""
 from __future__ import annotations
 
 from gpufleet.lifecycle.jobs import STOP_REQUESTED
-from gpufleet.lifecycle.status import JobStatus
+from gpufleet.status import JobStatus
 from gpufleet.supervise import elastic, machine, outcome
 from gpufleet.supervise.events import (
     Action,

@@ -77,7 +77,7 @@ class LocalClient:
             return quick
         from sqlalchemy import select
 
-        from gpufleet.lifecycle.status import CLUSTER_ACTIVE
+        from gpufleet.status import CLUSTER_ACTIVE
         from gpufleet.store import Cluster
         from gpufleet.views import cluster_rows, pool_nodes
 

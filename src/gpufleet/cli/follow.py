@@ -12,10 +12,10 @@ import typer
 
 from gpufleet.cli.app import err, out, print_json
 from gpufleet.errors import ConflictError
-from gpufleet.lifecycle.status import CTRL_C_EXIT, exit_code
 from gpufleet.server import paths
 from gpufleet.server.paths import at
 from gpufleet.slot_words import devices_shown
+from gpufleet.status import CTRL_C_EXIT, exit_code
 
 if TYPE_CHECKING:
     from gpufleet.server.client import Client

@@ -162,7 +162,7 @@ def logs(
     rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's log.")] = None,
 ) -> None:
     """A job's output, every rank's lines prefixed by their rank, or one rank with --rank."""
-    from gpufleet.lifecycle.status import CTRL_C_EXIT, exit_code
+    from gpufleet.status import CTRL_C_EXIT, exit_code
 
     try:
         status = client().logs(job, follow, rank)
@@ -194,7 +194,7 @@ def status(
         print_json(detail)
         return
     from gpufleet import ui
-    from gpufleet.lifecycle.status import JOB_ACTIVE
+    from gpufleet.status import JOB_ACTIVE
 
     follow = (watch or (out.is_terminal and not once)) and detail["status"] in JOB_ACTIVE
     if not follow:

@@ -91,7 +91,7 @@ def hand_over(st: Store, job: Job, cluster: Cluster, detach: bool,
     """Hand the job to its supervisor: a detached process, or this one with a live view; the
     exit code is the job's outcome."""
     from gpufleet.lifecycle import runs
-    from gpufleet.lifecycle.status import exit_code
+    from gpufleet.status import exit_code
 
     if detach:
         runs.start_detached(st, job, cpu_slots)

@@ -21,11 +21,11 @@ from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, NotFoundError, SpecError
 from gpufleet.lifecycle import engine_alloc, job_runs, owners, pool_index
 from gpufleet.lifecycle.say import Say, told
-from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, ClusterStatus
 from gpufleet.plan import cost
 from gpufleet.pool.allocate import allocate, free_devices
 from gpufleet.pool.model import Allocation, Device, Node, Placement
 from gpufleet.spec import ClusterSpec
+from gpufleet.status import CLUSTER_ACTIVE, JOB_ACTIVE, ClusterStatus
 from gpufleet.store import Cluster, Job, Reservation, Store, gpufleet_home
 
 ACTIVE = CLUSTER_ACTIVE

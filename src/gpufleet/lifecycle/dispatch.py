@@ -18,13 +18,13 @@ from sqlalchemy import bindparam, select, update
 from gpufleet.errors import AllocationError, ConflictError, GpufleetError, LimitError
 from gpufleet.lifecycle import accounts, depends, jobs, pools, reconcile, runs, submit
 from gpufleet.lifecycle.queued import limits_now, waiting_of
-from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JobStatus, QueueStatus
 from gpufleet.pool.allocate import Allocator
 from gpufleet.sched import admit
 from gpufleet.sched import plan as scheduler
 from gpufleet.sched.model import Plan, Resource, Running, Waiting
 from gpufleet.sched.order import HALF_LIFE_S, Use, recent_gpu_hours
 from gpufleet.spec import ClusterSpec, JobSpec, parse_duration
+from gpufleet.status import CLUSTER_ACTIVE, JobStatus, QueueStatus
 from gpufleet.store import Cluster, Job, QueuedJob, Store, User
 
 USE_WINDOW_S = 7 * HALF_LIFE_S  # older use weighs under 1% in fair share

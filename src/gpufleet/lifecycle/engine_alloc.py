@@ -28,9 +28,9 @@ from gpufleet.backends.alloc import Allocating, Ask, Ended, Granted, Pending
 from gpufleet.backends.kinds import capabilities
 from gpufleet.backends.registry import open_backend
 from gpufleet.errors import AllocationError, GpufleetError
-from gpufleet.lifecycle.status import JOB_ACTIVE
 from gpufleet.pool.allocate import allocate
 from gpufleet.pool.model import Allocation, Node
+from gpufleet.status import JOB_ACTIVE
 from gpufleet.store import Cluster, Pool, Store
 
 POLL_S = 1.0  # how often a pending request is looked at...

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE
+from gpufleet.status import CLUSTER_ACTIVE, JOB_ACTIVE
 from gpufleet.store import Cluster, Job, User
 
 

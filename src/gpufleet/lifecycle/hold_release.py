@@ -16,8 +16,8 @@ from sqlalchemy import update
 from gpufleet.errors import ConflictError, ForbiddenError, NotFoundError
 from gpufleet.lifecycle import accounts, jobs, queued
 from gpufleet.lifecycle.accounts import Identity
-from gpufleet.lifecycle.status import QueueStatus
 from gpufleet.sched.model import Wait
+from gpufleet.status import QueueStatus
 from gpufleet.store import QueuedJob, Store
 
 

@@ -14,8 +14,8 @@ import json
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpufleet.lifecycle.status import CLUSTER_ACTIVE
 from gpufleet.plan import billing
+from gpufleet.status import CLUSTER_ACTIVE
 from gpufleet.store import Cluster, Job, JobRun
 
 

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 
 from gpufleet.errors import ConflictError, LimitError, NotFoundError
 from gpufleet.lifecycle import job_runs, owners
-from gpufleet.lifecycle.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, JobStatus
 from gpufleet.slot_words import devices_shown
 from gpufleet.spec import JobSpec, check_name
+from gpufleet.status import CLUSTER_ACTIVE, JOB_ACTIVE, JOB_FINAL, JobStatus
 from gpufleet.store import Cluster, Event, Job, Metric, Store, gpufleet_home
 from gpufleet.telemetry.schema import MODEL_STATE_METRICS
 

@@ -29,9 +29,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpufleet.lifecycle import accounts
-from gpufleet.lifecycle.status import CLUSTER_ACTIVE
 from gpufleet.plan import billing
 from gpufleet.plan.billing import MICRO, by_month, micro, month_start
+from gpufleet.status import CLUSTER_ACTIVE
 from gpufleet.store import Cluster, Job, JobRun, LedgerRow, Store, User
 
 GROUPS = ("user", "team", "gpu", "job")

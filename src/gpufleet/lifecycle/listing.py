@@ -17,9 +17,9 @@ from sqlalchemy import false, select, true
 
 from gpufleet.lifecycle import jobs
 from gpufleet.lifecycle.accounts import Identity
-from gpufleet.lifecycle.status import QueueStatus
 from gpufleet.plan import billing
 from gpufleet.sched.model import Wait
+from gpufleet.status import QueueStatus
 from gpufleet.store import Cluster, Job, QueuedJob, Store
 
 RECENT_S = 24 * 3600.0

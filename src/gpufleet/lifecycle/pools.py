@@ -18,9 +18,9 @@ from gpufleet.backends.base import Backend
 from gpufleet.backends.registry import open_backend, where
 from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
 from gpufleet.lifecycle import clusters
-from gpufleet.lifecycle.status import CLUSTER_ACTIVE
 from gpufleet.slot_words import network_shown
 from gpufleet.spec import check_name
+from gpufleet.status import CLUSTER_ACTIVE
 from gpufleet.store import Cluster, Pool, Store, gpufleet_home
 
 LOCAL = "local"

@@ -22,13 +22,13 @@ from gpufleet.lifecycle.accounts import Identity
 from gpufleet.lifecycle.admission import Facts
 from gpufleet.lifecycle.provision import Approve, Offer
 from gpufleet.lifecycle.say import Say
-from gpufleet.lifecycle.status import QueueStatus
 from gpufleet.pool.allocate import allocate
 from gpufleet.sched import admit
 from gpufleet.sched import after as after_rule
 from gpufleet.sched.model import Limits, Waiting
 from gpufleet.slot_words import devices_shown
 from gpufleet.spec import ClusterSpec, JobSpec
+from gpufleet.status import QueueStatus
 from gpufleet.store import Cluster, Job, QueuedJob, Store
 
 

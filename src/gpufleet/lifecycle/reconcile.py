@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from gpufleet.lifecycle import clusters, leftovers, owners
 from gpufleet.lifecycle.jobs import ACTIVE, STOP_REQUESTED, get, spec_of, transition
-from gpufleet.lifecycle.status import JobStatus
+from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Job, Store
 
 

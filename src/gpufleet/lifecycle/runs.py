@@ -25,8 +25,8 @@ from gpufleet.launch import run_env
 from gpufleet.lifecycle import clusters, jobs, reconcile
 from gpufleet.lifecycle.provision import backend_of
 from gpufleet.lifecycle.say import Say
-from gpufleet.lifecycle.status import JobStatus
 from gpufleet.plan import cost
+from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Job, Store
 
 if TYPE_CHECKING:

@@ -21,11 +21,11 @@ from gpufleet.errors import ConflictError, GpufleetError, SpecError
 from gpufleet.lifecycle import clusters, jobs
 from gpufleet.lifecycle.admission import Facts, Refused, admit, of_cluster, of_spec, or_raise
 from gpufleet.lifecycle.provision import Approve, allocation, provision
-from gpufleet.lifecycle.status import JobStatus
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Placement
 from gpufleet.script_file import parse_job_here
 from gpufleet.spec import ClusterSpec, JobSpec
+from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Job, Store, gpufleet_home
 
 

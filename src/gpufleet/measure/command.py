@@ -26,13 +26,13 @@ from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import ConflictError, GpufleetError, NotFoundError, SpecError
 from gpufleet.launch.env import device_env
 from gpufleet.lifecycle import clusters
-from gpufleet.lifecycle.status import JobStatus
 from gpufleet.measure.collectives import DEFAULT_SIZES_CPU, DEFAULT_SIZES_GPU, Row, parse_rows
 from gpufleet.plan import calibration as calib
 from gpufleet.plan import compute, cost
 from gpufleet.plan.models import Model
 from gpufleet.pool.model import Placement
 from gpufleet.slot_words import network_shown
+from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Store, gpufleet_home
 
 TIMEOUT_S = 600.0

@@ -5,8 +5,8 @@ leaves the queue with the reason, where Slurm would keep it pending as
 "DependencyNeverSatisfied".
 
 Statuses come in as the plain words the store keeps: a job's status once it has a record, else
-its queue entry's. This module does not import `lifecycle.status`: the scheduler reads no
-layer above it.
+its queue entry's, so the scheduler stays pure data in, data out (it could import the status
+types of `gpufleet.status`, which sit below every package, but compares words only).
 """
 
 from __future__ import annotations

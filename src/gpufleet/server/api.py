@@ -28,10 +28,10 @@ from gpufleet.errors import (
 )
 from gpufleet.lifecycle import accounts, hold_release, jobs, listing, queued, reconcile, runs
 from gpufleet.lifecycle.accounts import Identity
-from gpufleet.lifecycle.status import QueueStatus
 from gpufleet.server import API_VERSION, api_admin, api_clusters, paths
 from gpufleet.server.ctx import Ctx, NoToken
 from gpufleet.server.loop import Loop
+from gpufleet.status import QueueStatus
 from gpufleet.store import Store
 from gpufleet.web import auth
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from gpufleet.lifecycle import dispatch, jobs, ledger, reconcile, runs
-from gpufleet.lifecycle.status import QueueStatus
+from gpufleet.status import QueueStatus
 from gpufleet.store import Job, QueuedJob, Store
 
 BEAT_S = 1.0

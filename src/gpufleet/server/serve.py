@@ -141,7 +141,7 @@ def _forget(info: Path) -> None:
 
 
 def _busy(store: Store) -> bool:
-    from gpufleet.lifecycle.status import JOB_ACTIVE, QueueStatus
+    from gpufleet.status import JOB_ACTIVE, QueueStatus
     from gpufleet.store import Job, QueuedJob
 
     with store.read() as s:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpufleet.lifecycle.status import JobStatus
+from gpufleet.status import JobStatus
 from gpufleet.supervise import hang, outcome, restarts
 from gpufleet.supervise.events import (
     Action,

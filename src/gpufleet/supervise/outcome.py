@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.lifecycle.status import JobStatus
+from gpufleet.status import JobStatus
 from gpufleet.supervise import hang, restarts
 from gpufleet.supervise.blame import Tail
 from gpufleet.supervise.events import WorkersExited

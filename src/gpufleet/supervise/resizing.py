@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from gpufleet.lifecycle.status import JobStatus
+from gpufleet.status import JobStatus
 from gpufleet.supervise import elastic, goodput
 from gpufleet.supervise.events import (
     Action,

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpufleet.backends.base import Backend, Handle
-from gpufleet.lifecycle.status import JobStatus
 from gpufleet.spec import JobSpec
+from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Job, Store
 from gpufleet.supervise import events as ev
 from gpufleet.supervise.elastic import Policy

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from gpufleet.lifecycle.status import JobStatus
+from gpufleet.status import JobStatus
 from gpufleet.supervise import elastic, goodput, outcome, restarts
 from gpufleet.supervise.events import Action, Heal, StartWorkers, Transition
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from gpufleet.backends.base import Backend
 from gpufleet.lifecycle import jobs
-from gpufleet.lifecycle.status import JobStatus
 from gpufleet.reportauth import new_key
+from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Job, Store
 from gpufleet.supervise import events as ev
 from gpufleet.supervise import machine, report_port

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpufleet.lifecycle.status import JOB_FINAL, JobStatus
+from gpufleet.status import JOB_FINAL, JobStatus
 
 # event kind -> the marker's label on the charts
 MARKER_KINDS: dict[str, str] = {

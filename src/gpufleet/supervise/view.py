@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from gpufleet import layout_use
-from gpufleet.lifecycle.status import JOB_ACTIVE, JobStatus
 from gpufleet.plan import billing, cost
+from gpufleet.status import JOB_ACTIVE, JobStatus
 from gpufleet.supervise import measured
 
 STALE_FLOOR_S = 30.0  # `no_report_s`: the shortest silence called one

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from gpufleet.lifecycle.status import JobStatus
+from gpufleet.status import JobStatus
 from gpufleet.store import Diagnosis, Event, Job, Metric, Store
 from gpufleet.telemetry.diagnose import Finding
 from gpufleet.telemetry.schema import JOB_RANK, STEP_METRIC
