@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 WORKERS = Path(__file__).resolve().parent / "workers"
 CLI = [sys.executable, "-m", "gpufleet.cli"]
-DEFAULT_TIMEOUT = 60
+DEFAULT_TIMEOUT = 120  # a cold CLI call on a machine loaded many times over; a wait, not a verdict
 CLI_EVERY_S = 5.0  # how often a wait asks the CLI even when the state file says nothing new
 ACTIVE = ("starting", "running", "restarting", "resizing")
 

@@ -191,9 +191,9 @@ def ray_pool_raylets(ray_pool: RayPool) -> list[psutil.Process]:
 
 def test_pool_add_without_or_with_a_wrong_token_says_how_to_fix_it_at_once(
         fleet: Fleet, ray_pool: RayPool, tmp_path: Path) -> None:
-    """Each refusal is one line, well before the 20 s that Ray's own client spends retrying (a
-    warning a second), and leaves no pool and no copy of the token behind. About 2 s each on a
-    quiet machine, 6 s seen with the machine loaded four times over; the bound is 15 s."""
+    """Each refusal is one line, and leaves no pool and no copy of the token behind. It comes
+    before Ray's own client starts its 20 s of retries: those print a warning a second, so the
+    one line on stderr is the proof, whatever the machine's load (no clock is judged)."""
     empty_home = tmp_path / "empty-home"
     empty_home.mkdir()
     wrong = tmp_path / "wrong-token"
@@ -203,14 +203,11 @@ def test_pool_add_without_or_with_a_wrong_token_says_how_to_fix_it_at_once(
              ([], {"RAY_AUTH_TOKEN": "f" * 64}, "refused the token from $RAY_AUTH_TOKEN"),
              ([], {"RAY_AUTH_TOKEN_PATH": str(wrong)}, f"refused the token from {wrong}")]
     for args, extra, want in cases:
-        started = time.monotonic()
         r = fleet("pool", "add", "ray", "--address", ray_pool.address, *args,
                   env={"HOME": str(empty_home), **extra})
-        took = time.monotonic() - started
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and want in lines[0], (args, r.stderr)
-        assert took < 15.0, (args, took)
     assert [p["pool"] for p in fleet.json("pool", "list", "--json")] == ["local"]
     assert not (fleet.home / "pools").exists() or not any((fleet.home / "pools").iterdir())
     assert not any(empty_home.iterdir()), "pool add wrote into HOME"
