@@ -15,8 +15,8 @@ import pytest
 
 from gpufleet.backends import alloc, kinds, registry
 from gpufleet.backends.adders import AddRequest, Registration
-from gpufleet.backends.base import Handle, Prepared, RunRequest
-from gpufleet.backends.local import LocalBackend
+from gpufleet.backends.base import Prepared, RunRequest
+from gpufleet.backends.driver_procs import DriverProcs
 from gpufleet.errors import AllocationError
 from gpufleet.lifecycle import clusters, engine_alloc, engine_heal, pool_setup, pools, provision
 from gpufleet.pool.model import Device, Node
@@ -34,7 +34,7 @@ def _node(name: str) -> Node:
         free_disk_bytes=1 << 40)
 
 
-class ToyEngine:
+class ToyEngine(DriverProcs):
     """Grants whole free nodes in order; each new allocation is pending ("Quota") for its
     first look, then granted. `lose` marks a node failed, as a run would find it."""
 
@@ -51,7 +51,7 @@ class ToyEngine:
         self.cancelled: list[str] = []
         self.lost: set[str] = set()
         self.asks: list[alloc.Ask] = []  # in the order of their refs: t1, t2, ...
-        self.procs = LocalBackend(cpu_slots=1)
+        self.init_procs()
 
     # -- alloc.Allocating ------------------------------------------------------------------------
     @property
@@ -109,23 +109,11 @@ class ToyEngine:
     def prepare(self, run: RunRequest) -> Prepared:
         return Prepared(["true"], {})
 
-    def start(self, prepared: Prepared, env: dict[str, str], cwd: Path) -> Handle:
-        return self.procs.start(prepared, env, cwd)
 
-    def poll(self, handle: Handle) -> int | None:
-        return self.procs.poll(handle)
 
-    def signal(self, handle: Handle, sig: int) -> None:
-        self.procs.signal(handle, sig)
 
-    def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None:
-        self.procs.kill_tree(handle, grace_s)
 
-    def adopt_orphans(self) -> None:
-        self.procs.adopt_orphans()
 
-    def end_orphans(self) -> None:
-        self.procs.end_orphans()
 
     def lost_nodes(self, job_dir: Path) -> set[str]:
         return set(self.lost)

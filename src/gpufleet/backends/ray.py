@@ -28,10 +28,11 @@ from typing import Any
 import psutil
 
 from gpufleet import catalog
-from gpufleet.backends.base import Handle, Prepared, RunRequest
+from gpufleet.backends.base import Prepared, RunRequest
+from gpufleet.backends.driver_procs import DriverProcs
 from gpufleet.backends.exits import lost_line, take_lost
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
-from gpufleet.backends.local import LocalBackend, free_port
+from gpufleet.backends.local import free_port
 from gpufleet.backends.ray_auth import auth_env, use_here
 from gpufleet.errors import ConflictError, GpufleetError
 from gpufleet.launch import multinode
@@ -127,7 +128,7 @@ def connect(address: str, token_path: Path | None) -> Any:
     return ray
 
 
-class RayBackend:
+class RayBackend(DriverProcs):
     """Discovery from Ray's node table (asked by `ray_probe`, in a child process); processes
     through a local driver (`ray_run`) that the supervisor starts, watches and ends like any
     local process tree. `token_path` is the pool's copy of the cluster's token (None: the
@@ -148,7 +149,7 @@ class RayBackend:
         self.fix = ray_probe.ADD_FIX if adding else (
             f"add the pool again with the cluster's token: gpufleet pool remove {pool} && "
             f"gpufleet pool add ray --address {address} --name {pool} --token-file PATH")
-        self.procs = LocalBackend(cpu_slots=1)  # the driver is a local process tree
+        self.init_procs()
 
     def discover(self) -> list[Node]:
         from gpufleet.backends import ray_probe
@@ -199,27 +200,18 @@ class RayBackend:
         return Prepared(self.driver_argv(path), {"GPUFLEET_JOB": run.ctx.job_name,
                                                  "PYTHONUNBUFFERED": "1"}, files)
 
-    def adopt_orphans(self) -> None:
-        self.procs.adopt_orphans()
 
-    def end_orphans(self) -> None:
-        self.procs.end_orphans()
+
+    def driver_env(self, env: dict[str, str]) -> dict[str, str]:
+        return auth_env(env, self.token_path)
 
     def lost_nodes(self, job_dir: Path) -> set[str]:
         """The nodes the driver named lost (Ray may not have marked them dead yet)."""
         return take_lost(job_dir / PLAN_FILE)
 
-    def start(self, prepared: Prepared, env: dict[str, str], cwd: Path) -> Handle:
-        return self.procs.start(prepared, auth_env(env, self.token_path), cwd)
 
-    def poll(self, handle: Handle) -> int | None:
-        return self.procs.poll(handle)
 
-    def signal(self, handle: Handle, sig: int) -> None:
-        self.procs.signal(handle, sig)
 
-    def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None:
-        self.procs.kill_tree(handle, grace_s)
 
 
 def is_loopback(address: str) -> bool:

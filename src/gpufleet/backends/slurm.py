@@ -32,10 +32,11 @@ import psutil
 from gpufleet.backends import alloc
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
-from gpufleet.backends.base import Handle, Prepared, RunRequest
+from gpufleet.backends.base import Prepared, RunRequest
+from gpufleet.backends.driver_procs import DriverProcs
 from gpufleet.backends.exits import lost_line, take_lost
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
-from gpufleet.backends.local import LocalBackend, free_port
+from gpufleet.backends.local import free_port
 from gpufleet.errors import AllocationError, ConflictError, GpufleetError
 from gpufleet.launch import multinode
 from gpufleet.pool.model import Node
@@ -48,7 +49,7 @@ def is_loopback(address: str) -> bool:
     return address == "localhost" or address.startswith("127.") or address == "::1"
 
 
-class SlurmBackend:
+class SlurmBackend(DriverProcs):
     """Slurm through its client commands on this machine (a login node): no daemon of ours
     runs anywhere but the steps Slurm starts. `slurm_conf`: the SLURM_CONF the pool was added
     with (None: Slurm's default configuration)."""
@@ -61,10 +62,13 @@ class SlurmBackend:
     def __init__(self, pool: str, partition: str | None = None, account: str | None = None,
                  slurm_conf: str | None = None):
         self.pool, self.partition, self.account, self.slurm_conf = pool, partition, account, slurm_conf
-        self.procs = LocalBackend(cpu_slots=1)  # the driver is a local process tree
+        self.init_procs()
         self.seen: list[parse.SlurmNode] = []
 
     # -- talking to Slurm -----------------------------------------------------------------------
+    def driver_env(self, env: dict[str, str]) -> dict[str, str]:
+        return self.env(env)
+
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
         if self.slurm_conf:
@@ -239,23 +243,11 @@ class SlurmBackend:
             probe.connect((socket.gethostbyname(addresses[0]), 9))  # UDP: picks a route only
             return str(probe.getsockname()[0])
 
-    def start(self, prepared: Prepared, env: dict[str, str], cwd: Path) -> Handle:
-        return self.procs.start(prepared, self.env(env), cwd)
 
-    def poll(self, handle: Handle) -> int | None:
-        return self.procs.poll(handle)
 
-    def signal(self, handle: Handle, sig: int) -> None:
-        self.procs.signal(handle, sig)
 
-    def kill_tree(self, handle: Handle, grace_s: float = 10.0) -> None:
-        self.procs.kill_tree(handle, grace_s)
 
-    def adopt_orphans(self) -> None:
-        self.procs.adopt_orphans()
 
-    def end_orphans(self) -> None:
-        self.procs.end_orphans()
 
 
 def state_of(job: parse.SlurmJob | None) -> alloc.AllocState:
