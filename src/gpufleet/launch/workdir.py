@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import GpufleetError, excerpt
 
 if TYPE_CHECKING:
     from pathspec import GitIgnoreSpec
@@ -80,7 +80,7 @@ def parse_size(text: str) -> int:
     (1 MB = 2**20 bytes, so the default cap reads as `100MB`). ValueError if not a size."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", text.lower())
     if not m or (m.group(3) and not m.group(2) and m.group(3) == "ib"):
-        raise ValueError(f"'{text}' is not a size (examples: 100MB, 1GB, 500KiB)")
+        raise ValueError(f"'{excerpt(text)}' is not a size (examples: 100MB, 1GB, 500KiB)")
     mult = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2)]
     return int(float(m.group(1)) * mult)
 
