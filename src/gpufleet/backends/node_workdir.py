@@ -47,6 +47,10 @@ class SetupFailed(RuntimeError):
         last = " | ".join(ln.strip() for ln in tail if ln.strip()) or "(no output)"
         super().__init__(f"setup failed on {node or 'this node'} (exit {code}): {last}")
 
+    def __reduce__(self) -> tuple[type[SetupFailed], tuple[str, int, list[str]]]:
+        # raised in a Ray actor and pickled back to the driver: rebuilt from its parts
+        return SetupFailed, (self.node, self.code, self.tail)
+
 
 def cache_root(env: Mapping[str, str] | None = None) -> Path:
     """The node's cache of workdirs: $GPUFLEET_WORKDIR_CACHE, else ~/.cache/gpufleet/workdirs."""
@@ -118,11 +122,24 @@ def place(root: Path, digest: str, tar_stream: BinaryIO | None, setup: str,
             users = root / f"{digest}.users"
             users.mkdir(exist_ok=True)
             (users / user.replace("/", "_")).touch()
-        marker = setup_marker(root, digest, setup)
-        if setup and not marker.exists():
-            _run_setup(folder, setup, say, node, env)
-            marker.touch()
+        _set_up_locked(root, digest, folder, setup, say, node, env)
     return folder
+
+
+def _set_up_locked(root: Path, digest: str, folder: Path, setup: str,
+                   say: Callable[[str], None], node: str, env: Mapping[str, str] | None) -> None:
+    marker = setup_marker(root, digest, setup)
+    if setup and not marker.exists():
+        _run_setup(folder, setup, say, node, env)
+        marker.touch()
+
+
+def set_up(root: Path, digest: str, folder: Path, setup: str, say: Callable[[str], None], *,
+           node: str = "", env: Mapping[str, str] | None = None) -> None:
+    """`setup` run once per node per digest in `folder`, a workdir the node sees where it is
+    (a shared file system: nothing was shipped); the marker is kept in this node's cache."""
+    with _locked(root):
+        _set_up_locked(root, _checked(digest), folder, setup, say, node, env)
 
 
 def remove(root: Path, digest: str, user: str = "") -> bool:

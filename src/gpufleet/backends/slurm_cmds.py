@@ -104,6 +104,16 @@ def sees_step(job_id: str, nodes: list[str], path: str) -> list[str]:
             f"--job-name={PROBE_STEP}", "/bin/sh", "-c", script, "sh", path]
 
 
+def sbcast(job_id: str, src: str, dest: str) -> list[str]:
+    """A file to node-local `dest` on every node of the allocation (Slurm's own broadcast)."""
+    return ["sbcast", f"--jobid={job_id}", "--force", src, dest]
+
+
+def node_local(kind: str, name: str) -> str:
+    """Where a shipped file lands on a node: its local /tmp, named for what it holds."""
+    return f"/tmp/gpufleet-{kind}-{name}"
+
+
 def seen_by(output: str, content: str) -> dict[str, bool]:
     """Each node's answer in `sees_step`'s output: whether it read exactly `content`."""
     seen: dict[str, bool] = {}
