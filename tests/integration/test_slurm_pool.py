@@ -288,6 +288,11 @@ def test_a_failure_that_loses_no_node_restarts_in_the_same_allocation(sfleet: Fl
     jobs = re.findall(r"torchrun starting on 2 node\(s\) of Slurm job (\d+)", log)
     assert len(jobs) == 2 and jobs[0] == jobs[1], log
     assert "failing at step 3 as asked" in log and log.count("done") >= 2, log
+    # the test Slurm's nodes see this machine's files: detected by a probe step before each
+    # run (and at submission, or --max-restarts without --checkpoint-to would be refused),
+    # so nothing was shipped
+    assert log.count(f"workdir: every node sees {sfleet.cwd}; nothing shipped") == 2, log
+    assert "shipped to" not in log and "WorkdirError" not in log, log
 
 
 def test_stopping_a_running_job_ends_every_nodes_step_and_cancels_its_allocation(
