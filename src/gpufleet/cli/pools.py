@@ -13,7 +13,8 @@ from gpufleet.cli.app import COMMAND, app, err, group, out, print_json, store
 from gpufleet.cli.connect import client
 from gpufleet.cli.options import Json, NoDefault, default
 
-pool_app = group("Pools of nodes: this host, Ray clusters, Slurm partitions, synthetic pools.")
+pool_app = group("Pools of nodes: this host, Ray clusters, Slurm partitions, your own machines "
+                 "over ssh, synthetic pools.")
 app.add_typer(pool_app, name="pool")
 LIST_NODES_UP_TO = 64  # larger pools are listed as groups of alike nodes
 
