@@ -178,3 +178,23 @@ def test_doctor_reach_is_one_check_per_address_with_the_fix() -> None:
         "cannot reach the submitter (10.0.0.9:4000) over eth0 from 10.0.0.1: Connection refused")
     assert "check the firewall on 10.0.0.9 and on eth0" in refused.fix
     assert no_route.fix.startswith("no route from n1 to 192.0.2.1")
+
+
+def test_each_kind_refuses_the_others_options_before_anything_happens(tmp_path: Path) -> None:
+    from gpufleet.backends import adders
+
+    claimed: list[str] = []
+
+    def request(**over: object) -> adders.AddRequest:
+        base: dict[str, object] = dict(name="p", address=None, shapes=[], token_file=None,
+                                       partition=None, account=None, home=tmp_path,
+                                       claim=lambda: claimed.append("p"))
+        return adders.AddRequest(**{**base, **over})  # type: ignore[arg-type]
+
+    with pytest.raises(SpecError, match="host: --host is for an ssh pool, not a sim pool"):
+        adders.add_sim(request(shapes=["2xH100:8"], ssh=HostsAsk(["a"])))
+    with pytest.raises(SpecError, match="address: an ssh pool takes --host/--hostfile"):
+        adders.add_ssh(request(address="a:1", ssh=HostsAsk(["a"])))
+    with pytest.raises(SpecError, match="hostfile: cannot read"):
+        adders.add_ssh(request(ssh=HostsAsk(hostfile=tmp_path / "absent")))
+    assert claimed == [] and not (tmp_path / "pools").exists()
