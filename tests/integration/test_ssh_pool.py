@@ -1,7 +1,7 @@
 """An SSH pool of machines that share nothing with the submitter but a link (ssh_machines.py):
 `pool add ssh` pins and shows the host keys, refuses what it cannot use in one line with
 nothing stored, `pool list` shows each machine's CPU slots, versions and health, a machine whose
-key changed or that is cut off is shown so (never an exception), `gpufleet ssh` runs on a node,
+key changed, that is cut off or killed is shown so (never an exception), `gpufleet ssh` runs on a node,
 `doctor --cluster` checks the nodes reach each other, and `launch --nodes 2` holds whole nodes
 until `stop`.
 
@@ -141,23 +141,24 @@ def test_ssh_runs_on_the_node_with_its_preset(lab: Fleet, machines: Machines) ->
     assert all(not r["held_by"] and r["free"] == 2 for r in rows.values()), rows
 
 
-def test_a_changed_host_key_and_a_cut_machine_are_shown_never_accepted(
+def test_a_changed_host_key_a_cut_and_a_killed_machine_are_shown_never_used(
         lab: Fleet, machines: Machines) -> None:
     new = _fingerprint(machines.rekey(3))
-    machines.cut(2)
+    machines.stop_sshd(1)  # killed: nothing answers on its address
+    machines.cut(2)  # cut off: its link is down
     try:
         rows = _nodes(lab)
-        # a launch never lands on them: two whole nodes are not free
-        r = lab("launch", "--pool", "lab", "--gpu", "cpu", "--count", "4", "--nodes", "2", "-y")
+        r = lab("launch", "--pool", "lab", "--gpu", "cpu", "--count", "2", "-y")
     finally:
         machines.mend(2)
-    assert r.returncode == 2, r.stdout + r.stderr
-    three, two = rows[machines.address(3)], rows[machines.address(2)]
-    assert three["health"] == "lost" and three["free"] == 0
+    assert r.returncode == 2, r.stdout + r.stderr  # no usable node left
+    one, two, three = (rows[machines.address(i)] for i in (1, 2, 3))
+    assert all((x["health"], x["free"]) == ("lost", 0) for x in (one, two, three)), rows
     assert three["state"].startswith(f"host key changed: host {machines.address(3)}'s host key "
                                      f"changed since pool lab was added (it now shows {new})")
     assert "gpufleet pool add ssh" in three["state"] and "ssh-keygen -R" in three["state"]
-    assert two["health"] == "lost" and re.match(r"unreachable: ", two["state"]), two
-    assert rows[machines.address(1)]["health"] == "ok"
+    assert one["state"] == (f"unreachable: ssh: connect to host {machines.address(1)} port 22: "
+                            "Connection refused"), one
+    assert re.match(r"unreachable: ", two["state"]), two
     lab.ok("pool", "remove", "lab")
     assert not (lab.home / "pools" / "lab").exists()
