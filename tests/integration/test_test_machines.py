@@ -4,7 +4,8 @@ rely on: machines that share nothing with the submitter but a network.
 Seen from inside a machine, over ssh as a job would be: the checkout, the submitter's $HOME,
 /tmp and $GPUFLEET_HOME are not there; its node environment imports torch and a non-editable
 gpufleet of its own; its only addresses are its link-local one and loopback, with no default
-route; it reaches the other machines and the submitter's bridge address. `cut` partitions it
+route; it has a host name of its own and reaches the other machines by theirs, and the
+submitter's bridge address. `cut` partitions it
 (ssh fails, its processes run on) and `mend` heals it; `kill` leaves nothing of it and `start`
 reboots it (its /tmp empty, its disk kept). Events are waited for, with generous deadlines.
 """
@@ -73,7 +74,7 @@ def test_a_machine_sees_nothing_of_the_submitter(machines: Machines,
         assert done.returncode == 0, done.stderr
         seen = json.loads(done.stdout)
         assert seen == {"seen": [], "not_empty": []}, f"{name} sees {seen}"
-    assert str(ROOT) in hidden and "/tmp" in hidden
+    assert {str(ROOT), "/tmp", "/var/tmp", "/dev/shm", "/var/log"} <= set(hidden), hidden
 
 
 def test_the_node_environment_is_its_own(machines: Machines) -> None:
@@ -114,15 +115,18 @@ def test_machines_reach_each_other_and_the_submitter(machines: Machines) -> None
     with socket.create_server((machines.submitter, 0)) as server:
         server.settimeout(60)
         port = server.getsockname()[1]
-        probe = ("import socket, sys; "
-                 "[print(h, socket.create_connection((h, 22), timeout=30).recv(7).decode()) "
+        # by name: each machine has its own host name, and knows the others'
+        probe = ("import socket, sys; print(socket.gethostname()); "
+                 "[print(h, socket.getaddrinfo(h, 22)[0][4][0], "
+                 "socket.create_connection((h, 22), timeout=30).recv(7).decode()) "
                  "for h in sys.argv[1:]]; "
                  f"socket.create_connection(({machines.submitter!r}, {port}), timeout=30)"
                  ".sendall(b'from m1')")
-        others = [machines.address(n) for n in machines.names if n != "m1"]
+        others = [n for n in machines.names if n != "m1"]
         done = machines.ssh("m1", f"python3 -c {shlex.quote(probe)} {' '.join(others)}")
         assert done.returncode == 0, done.stderr
-        assert done.stdout.split() == [w for a in others for w in (a, "SSH-2.0")]
+        assert done.stdout.split() == ["m1", *(w for n in others
+                                               for w in (n, machines.address(n), "SSH-2.0"))]
         conn, (peer, _) = server.accept()
         with conn:
             assert (peer, conn.recv(7)) == (machines.address("m1"), b"from m1")
