@@ -305,6 +305,9 @@ def test_a_killed_machine_is_named_and_healed_on_the_third_from_the_durable_copy
     starts = re.findall(r"torchrun started on 2 node\(s\): head \(([\d.]+)\), worker1 \(([\d.]+)\)",
                         log)
     assert len(starts) == 2 and starts[1][1] == m.address(spare), starts
+    # the spare had no checkpoint of its own: every rank read the durable copy
+    assert re.search(rf"^\[head rank0\]:gpufleet: resumed from {re.escape(str(rm.durable))}/step-",
+                     log, re.M), log[-3000:]
     assert fleet.status(JOB)["status"] == "running"
 
 
