@@ -230,6 +230,20 @@ def _first_step_after(fleet: Fleet, after: float) -> float | None:
     return None if row is None or row[0] is None else float(row[0])
 
 
+def _metric_nodes(fleet: Fleet) -> dict[str, set[str]]:
+    """The nodes each of two series came from: device samples, and the ranks' step times."""
+    db = sqlite3.connect(f"file:{fleet.home / 'state.db'}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = db.execute("SELECT DISTINCT name, node FROM metrics WHERE job = ? AND name IN "
+                          "('gpu_utilization', 'step_time_seconds')", (JOB,)).fetchall()
+    finally:
+        db.close()
+    found: dict[str, set[str]] = {}
+    for name, node in rows:
+        found.setdefault(name, set()).add(node)
+    return found
+
+
 def test_the_pool_is_the_machines_raylets_with_the_token_off_every_command_line(
         rm: RayOnMachines) -> None:
     nodes = {n["node"]: n for n in rm.fleet.json("pool", "list", "lab", "--json")[0]["nodes"]}
@@ -270,6 +284,13 @@ def test_the_job_runs_the_shipped_workdir_on_two_machines_reporting_here(
     assert "step " in (fleet.home / "jobs" / JOB / "logs" / "rank0.log").read_text()
     assert fleet.status(JOB)["step"] >= 20
     assert any(p.name.startswith("step-") for p in rm.durable.iterdir()), "no durable copy"
+    # the agents' device samples and the ranks' reports reach the submitter's bridge address
+    # from both machines, labelled with them
+    deadline = time.monotonic() + 60
+    while (seen := _metric_nodes(fleet)) != {"gpu_utilization": set(held),
+                                             "step_time_seconds": set(held)}:
+        assert time.monotonic() < deadline, (seen, held)
+        time.sleep(1.0)
 
 
 def test_a_killed_machine_is_named_and_healed_on_the_third_from_the_durable_copy(

@@ -5,6 +5,8 @@ tests/integration/test_ray_machines.py)."""
 
 from __future__ import annotations
 
+import os
+
 from gpufleet.backends.node_driver import iface_env
 from gpufleet.backends.ray import MATCH_LEVEL_ENV, init_error_line, version_env
 
@@ -54,3 +56,22 @@ def test_loopback_nodes_use_lo_and_what_the_job_or_node_set_is_kept() -> None:
 def test_no_interface_is_named_when_none_holds_the_address() -> None:
     assert iface_env(ARGV, {}, {}, {"lo": ["127.0.0.1"]}) == {}
     assert iface_env(["python", "x.py", "--local-addr"], {}, {}, IFACES) == {}
+
+
+def test_the_driver_takes_sigterm_back_as_a_stop_request() -> None:
+    """ray.init puts in a SIGTERM handler that ends the driver at once; `catch_stop` (called
+    again after it) makes SIGTERM a request the watch answers by ending the nodes cleanly."""
+    import signal
+
+    from gpufleet.backends.ray_run import Driver
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        driver = Driver({"nodes": []})
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as if another handler had replaced ours
+        driver.catch_stop()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert driver.stop_asked
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
