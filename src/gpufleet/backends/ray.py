@@ -24,7 +24,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,16 +120,43 @@ def connect(address: str, token_path: Path | None) -> Any:
     if ray.is_initialized():
         return ray
     ray_probe.node_tables(address, token_path)
+    os.environ.update(version_env(os.environ))
     quiet = io.StringIO()
     try:
         with contextlib.redirect_stderr(quiet):
             ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR",
                      log_to_driver=False, configure_logging=False)
     except Exception as exc:  # ConnectionError, timeouts: one line for the user
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConflictError(f"pool: cannot reach the Ray cluster at {address}: {detail} "
-                            f"{ray_probe.HINT}") from None
+        raise ConflictError(init_error_line(address, str(exc).strip() or type(exc).__name__,
+                                            ray_probe.HINT)) from None
     return ray
+
+
+MATCH_LEVEL_ENV = "RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL"
+
+
+def version_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a driver's environment needs so that Ray compares Pythons by major.minor only.
+
+    Ray refuses a driver whose Python differs from the cluster's in the patch level (3.11.7
+    against 3.11.2) unless this is `minor`. The submitter (a laptop, a login node) and nodes an
+    admin installed rarely agree on the patch, and what the driver sends (gpufleet's agent by
+    its module's name, plain data) reads the same on any patch of one minor version. A level
+    the user set is kept."""
+    return {} if MATCH_LEVEL_ENV in environ else {MATCH_LEVEL_ENV: "minor"}
+
+
+def init_error_line(address: str, text: str, hint: str) -> str:
+    """`ray.init`'s failure as one line: Ray's version mismatch spans lines (the cluster's Ray
+    and Python, then ours), said whole and without the hint about a head that is not running."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Version mismatch"):
+        versions = [ln for ln in lines if ln.startswith(("Ray:", "Python:"))]
+        if len(versions) == 4:
+            return (f"pool: the Ray cluster at {address} runs {versions[0]}, {versions[1]}; this "
+                    f"machine has {versions[2]}, {versions[3]}: Ray needs the same Ray version "
+                    "and Python major.minor on the nodes and the submitter")
+    return f"pool: cannot reach the Ray cluster at {address}: {lines[0] if lines else text} {hint}"
 
 
 class RayBackend(DriverProcs):

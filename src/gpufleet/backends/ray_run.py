@@ -59,6 +59,10 @@ class Driver(NodeDriver):
         from gpufleet.backends.ray_auth import env_token_path
 
         self.ray = ray = connect(self.plan["address"], env_token_path(os.environ))
+        # ray.init put in a SIGTERM handler of its own that ends this process at once: a stop
+        # would then leave the nodes' shipped copies behind (the agents die with their owner,
+        # but nothing removes the copies). Ours again, so a stop ends the nodes and cleans up.
+        self.catch_stop()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         remote = ray.remote(ShippingAgent)
@@ -86,6 +90,14 @@ class Driver(NodeDriver):
         self.say(f"torchrun started on {len(self.nodes)} node(s): "
                  + ", ".join(f"{n['name']} ({n['address']})" for n in self.nodes))
         return None
+
+    def catch_stop(self) -> None:
+        """SIGTERM and SIGINT ask the watch to stop (it ends every node, then exits 143)."""
+        def on_signal(_sig: int, _frame: object) -> None:
+            self.stop_asked = True
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
 
     def _placed(self) -> int | None:
         """Wait for every agent to be placed; an agent Ray cannot place (its node is gone, or
@@ -250,12 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(path.with_name("ray-driver.log"), "ab") as noise:
         os.dup2(noise.fileno(), 2)
     driver = Driver(plan, path.with_suffix(".lost"))
-
-    def on_signal(_sig: int, _frame: object) -> None:
-        driver.stop_asked = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    driver.catch_stop()
     return driver.run()
 
 
