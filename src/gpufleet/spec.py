@@ -18,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from gpufleet import catalog
 from gpufleet.backends.kinds import Kind, capabilities
 from gpufleet.errors import SpecError, excerpt
+from gpufleet.launch.workdir import DEFAULT_MAX_UPLOAD, MIN_MAX_UPLOAD, parse_size
 from gpufleet.parallelism import Layout, resolve
 from gpufleet.spec_yaml import load_yaml as load_yaml  # where it lived before; callers import it here
 from gpufleet.vocab import INTER_NODE_NETWORKS, Framework, Network, Precision, Schedule, Strategy
@@ -323,6 +324,12 @@ class JobSpec(_Spec):
     total_steps: int | None = Field(None, ge=1)  # for the ETA; else read from the script's args
     loss_pattern: str | None = None  # a regex whose first group is the loss in a log line
     workdir: str | None = None  # where the script runs; the submitting shell's folder by default
+    # where nodes do not see the workdir it travels to them (launch/workdir.py): `setup` runs
+    # once per node per workdir digest before the start; `max_upload` caps what is shipped
+    # (e.g. 100MB, 1GB); `keep_workdir` keeps the shipped copy on the nodes after the job
+    setup: str | None = None
+    max_upload: str | None = None
+    keep_workdir: bool = False
     # the queue (gpufleet/sched): higher first; the job is stopped when it runs past time_limit,
     # which is also what the queue plans with (backfill, estimated starts)
     priority: int = Field(0, ge=-100, le=100)
@@ -393,6 +400,27 @@ class JobSpec(_Spec):
     @property
     def time_limit_s(self) -> float | None:
         return None if self.time_limit is None else parse_duration(self.time_limit)
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("an empty setup command; leave setup out for none")
+        return v
+
+    @field_validator("max_upload", mode="before")
+    @classmethod
+    def _max_upload(cls, v: Any) -> str | None:
+        if v is None:
+            return None
+        size = parse_size(str(v))
+        if size < MIN_MAX_UPLOAD:
+            raise ValueError(f"'{excerpt(v)}' is below 1 MB; give a size such as 100MB or 1GB")
+        return str(v)
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return DEFAULT_MAX_UPLOAD if self.max_upload is None else parse_size(self.max_upload)
 
     @field_validator("workers", mode="before")
     @classmethod

@@ -20,8 +20,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import socket
+import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from gpufleet.backends.exits import lost_line, take_lost
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
 from gpufleet.backends.local import free_port
 from gpufleet.backends.ray_auth import auth_env, use_here
+from gpufleet.backends.shipping import PROBE_TIMEOUT_S
 from gpufleet.errors import ConflictError, GpufleetError
 from gpufleet.launch import multinode
 from gpufleet.pool.model import FABRIC_LEVEL, Device, Node
@@ -208,6 +212,26 @@ class RayBackend(DriverProcs):
     def lost_nodes(self, job_dir: Path) -> set[str]:
         """The nodes the driver named lost (Ray may not have marked them dead yet)."""
         return take_lost(job_dir / PLAN_FILE)
+
+    def sees(self, node_ids: Sequence[str], path: Path, content: str,
+             ref: str = "") -> dict[str, bool]:
+        """shipping.SharesFiles: a tiny task pinned to each node reads `path`, run by
+        `python -m gpufleet.backends.ray_sees` in a child (Ray stays out of this process). A
+        node whose task did not answer, or a child that failed, is left out: unseen."""
+        nodes = {n.id: n for n in self.discover()}
+        ray_ids = {i: nodes[i].ref for i in node_ids if i in nodes and nodes[i].healthy}
+        if not ray_ids:
+            return {}
+        argv = [sys.executable, "-m", "gpufleet.backends.ray_sees", self.address, str(path),
+                content, *ray_ids.values()]
+        try:
+            done = subprocess.run(argv, env=auth_env(os.environ, self.token_path),
+                                  capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL)
+            answer = json.loads(done.stdout.strip().splitlines()[-1])
+        except (subprocess.TimeoutExpired, IndexError, ValueError):
+            return {}
+        return {node: bool(answer[rid]) for node, rid in ray_ids.items() if rid in answer}
 
 
 

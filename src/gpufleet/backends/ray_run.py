@@ -11,6 +11,9 @@ Actors belong to this driver: if the driver dies, however it dies, Ray ends them
 runs its torchrun under a keeper (backends/keeper.py) that ends the node's whole tree when its
 agent dies, so no worker outlives the job. (A parent-death signal on torchrun itself would fire
 once per thread of the dying actor process, and a few SIGTERMs in a row can hang torchrun.)
+Before any torchrun the driver asks each agent whether its node sees the job folder (a probe
+file, backends/shipping.py); a node that does not gets the workdir through Ray's object store
+(`_travel`), and `setup` runs once per node per workdir digest.
 The agents also sample their node's devices once a second and send the samples to the
 supervisor's report address, as workers send their reports, signed with the job's key: the
 driver has it in its environment ($GPUFLEET_REPORT_KEY) and hands it to each agent with the
@@ -25,11 +28,15 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpufleet.backends import shipping, workdir_ship
 from gpufleet.backends.exits import NODE_LOST_EXIT
-from gpufleet.backends.node_driver import STOPPED_EXIT, NodeAgent, NodeDriver, tag
+from gpufleet.backends.node_driver import STOPPED_EXIT, NodeDriver, tag
+from gpufleet.backends.node_ship import ShippingAgent
+from gpufleet.launch import travel
 from gpufleet.reportauth import KEY_ENV
 
 PLACE_FAILED_EXIT = 70
@@ -44,6 +51,8 @@ class Driver(NodeDriver):
         self.agents: list[Any] = []
         self.ray: Any = None
         self.done: dict[int, int] = {}
+        self.travelled: tuple[str, set[int]] | None = None  # digest, nodes that placed or set up
+        self.user = f"{plan.get('job', 'job')}-{os.getpid()}"  # this run's mark on the copies
 
     def place(self) -> int | None:
         from gpufleet.backends.ray import connect
@@ -52,7 +61,7 @@ class Driver(NodeDriver):
         self.ray = ray = connect(self.plan["address"], env_token_path(os.environ))
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        remote = ray.remote(NodeAgent)
+        remote = ray.remote(ShippingAgent)
         for n in self.nodes:
             custom = dict(n["resources"])
             gpus = custom.pop("GPU", 0)  # Ray's own GPUs are asked for by num_gpus
@@ -61,6 +70,8 @@ class Driver(NodeDriver):
                 num_cpus=0, num_gpus=gpus, resources=custom, max_restarts=0, max_concurrency=1,
             ).remote(n["node_id"], self.plan["report_addr"]))
         code = self._placed()
+        if code is None:
+            code = self._travel()
         if code is not None:
             return code
         key = {KEY_ENV: os.environ[KEY_ENV]} if KEY_ENV in os.environ else {}
@@ -110,6 +121,68 @@ class Driver(NodeDriver):
                 else PLACE_FAILED_EXIT
         return None
 
+    def _travel(self) -> int | None:
+        """The workdir, before any torchrun: probe whether each node sees the job folder; to
+        each that does not, the selection's tar through Ray's object store (one put, fetched
+        only by the nodes that lack the digest), unpacked and set up by the node's agent, and
+        that node's entry rewritten to run in its copy. The object store rather than
+        `runtime_env` `working_dir`: the bytes are exactly the selection (Ray's own upload
+        filters by its own rules), the node's cache and setup marker are those of the other
+        engines, and the agents already on the nodes need no new worker processes."""
+        section = self.plan.get("workdir")
+        if not section or self.lost_path is None:
+            return None
+        ray, ids = self.ray, [n["node_id"] for n in self.nodes]
+        sharing = shipping.probe(_AgentsSee(ray, self.agents, ids), ids, self.lost_path.parent)
+        assert sharing is not None
+        if not workdir_ship.needed(section, sharing):
+            self.say(workdir_ship.shared_line(section["root"]))
+            return None
+        try:
+            packed = workdir_ship.pack(section, sharing.ships)
+            digest, setup, user = packed.sel.digest, section["setup"], self.user
+            unseen = [i for i, n in enumerate(self.nodes) if n["node_id"] in sharing.unseen]
+            held = ray.get([self.agents[i].has_workdir.remote(digest) for i in unseen])
+            tar = ray.put(packed.tar) if not all(held) else None
+            calls = {i: self.agents[i].place_workdir.remote(
+                digest, None if has else tar, setup, user, self.nodes[i]["name"])
+                for i, has in zip(unseen, held, strict=True)}
+            calls.update({i: a.set_up_shared.remote(section["root"], digest, setup,
+                                                    self.nodes[i]["name"])
+                          for i, a in enumerate(self.agents) if i not in calls and setup})
+            self.travelled = (digest, set(calls))
+            placed = dict(zip(calls, ray.get(list(calls.values())), strict=True))
+        except Exception as exc:  # too large, outside, a failed setup: the run's reason
+            self.poll()  # setup's lines so far, into the log
+            sys.stdout.write(workdir_ship.error_line(exc) + "\n")
+            self.end_all(grace_s=5.0)
+            return PLACE_FAILED_EXIT
+        for i in unseen:
+            self.nodes[i] = travel.on_node(self.nodes[i], section["root"], placed[i])
+        if sharing.ships:
+            self.say(workdir_ship.shipped_line(
+                packed, [self.nodes[i]["name"] for i, h in zip(unseen, held, strict=True) if not h],
+                tuple(self.nodes[i]["name"] for i, h in zip(unseen, held, strict=True) if h)))
+        return None
+
+    def _untravel(self) -> None:
+        """The shipped copies and setup markers off the nodes, unless the job keeps them."""
+        if self.travelled is None or (self.plan.get("workdir") or {}).get("keep"):
+            return
+        digest, where = self.travelled
+        self.travelled = None
+        refs = []
+        for i in where:
+            with contextlib.suppress(Exception):
+                refs.append(self.agents[i].remove_workdir.remote(digest, self.user))
+        with contextlib.suppress(Exception):
+            self.ray.wait(refs, num_returns=len(refs), timeout=30)
+
+    def run(self) -> int:
+        code = super().run()
+        self._untravel()
+        return code
+
     def poll(self) -> tuple[dict[int, int], set[str]]:
         """Drain every live agent; an agent Ray cannot reach is a lost node."""
         live = [i for i in range(len(self.nodes)) if i not in self.done]
@@ -144,9 +217,28 @@ class Driver(NodeDriver):
                 refs.append(a.stop.remote(grace_s))
         with contextlib.suppress(Exception):
             ray.wait(refs, num_returns=len(refs), timeout=grace_s + 15)
+        self._untravel()  # while the agents still live
         for a in self.agents:
             with contextlib.suppress(Exception):
                 ray.kill(a)
+
+
+class _AgentsSee:
+    """shipping.SharesFiles through the run's agents, already one on each node."""
+
+    def __init__(self, ray: Any, agents: list[Any], ids: list[str]):
+        self.ray, self.agents, self.ids = ray, agents, ids
+
+    def sees(self, node_ids: Sequence[str], path: Path, content: str,
+             ref: str = "") -> dict[str, bool]:
+        refs = [a.sees.remote(str(path), content) for a in self.agents]
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=shipping.PROBE_TIMEOUT_S)
+        seen: dict[str, bool] = {}
+        for i, r in zip(self.ids, refs, strict=True):
+            if r in ready:
+                with contextlib.suppress(Exception):  # an agent that died answers nothing
+                    seen[i] = bool(self.ray.get(r))
+        return seen
 
 
 def main(argv: list[str] | None = None) -> int:

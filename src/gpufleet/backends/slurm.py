@@ -25,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -37,6 +38,7 @@ from gpufleet.backends.driver_procs import DriverProcs
 from gpufleet.backends.exits import lost_line, take_lost
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
 from gpufleet.backends.local import free_port
+from gpufleet.backends.shipping import PROBE_TIMEOUT_S
 from gpufleet.errors import AllocationError, ConflictError, GpufleetError
 from gpufleet.launch import multinode
 from gpufleet.pool.model import Node
@@ -228,6 +230,20 @@ class SlurmBackend(DriverProcs):
     def node_lost(self, code: int, lines: list[str]) -> str | None:
         """The driver exits NODE_LOST_EXIT after a line `NodeLostError: ...`."""
         return lost_line(code, lines)
+
+    def sees(self, node_ids: Sequence[str], path: Path, content: str,
+             ref: str = "") -> dict[str, bool]:
+        """shipping.SharesFiles: one step over the allocation `ref` in which each node prints
+        what it reads at `path`. A step that fails or does not end within the probe's limit
+        leaves the nodes it did not hear from unseen."""
+        if not ref or not node_ids:
+            return {}
+        try:
+            done = self.call(cmds.sees_step(ref, list(node_ids), str(path)),
+                             timeout=PROBE_TIMEOUT_S)
+        except ConflictError:
+            return {}
+        return cmds.seen_by(done.stdout, content)
 
     def lost_nodes(self, job_dir: Path) -> set[str]:
         """The nodes the driver named lost (Slurm may not have marked them down yet)."""

@@ -90,6 +90,40 @@ def srun(job_id: str, node: str, argv: list[str]) -> list[str]:
             f"--job-name={STEP_NAME}", *argv]
 
 
+PROBE_STEP = "gpufleet-probe"
+PROBE_MARK = "gpufleet-sees"
+
+
+def sees_step(job_id: str, nodes: list[str], path: str) -> list[str]:
+    """One step over the allocation's `nodes`, a task on each, that prints what the node reads
+    at `path` (`gpufleet-sees NODE CONTENT`, CONTENT empty when it reads nothing): the probe of
+    backends/shipping.py. A plain shell, so it works before gpufleet is on the node."""
+    script = 'printf "%s %s %s\\n" ' + PROBE_MARK + ' "$SLURMD_NODENAME" "$(cat -- "$1" 2>/dev/null)"'
+    return ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--overlap", "--quiet",
+            f"--job-name={PROBE_STEP}", "/bin/sh", "-c", script, "sh", path]
+
+
+def sbcast(job_id: str, src: str, dest: str) -> list[str]:
+    """A file to node-local `dest` on every node of the allocation (Slurm's own broadcast)."""
+    return ["sbcast", f"--jobid={job_id}", "--force", src, dest]
+
+
+def node_local(kind: str, name: str) -> str:
+    """Where a shipped file lands on a node: its local /tmp, named for what it holds."""
+    return f"/tmp/gpufleet-{kind}-{name}"
+
+
+def seen_by(output: str, content: str) -> dict[str, bool]:
+    """Each node's answer in `sees_step`'s output: whether it read exactly `content`."""
+    seen: dict[str, bool] = {}
+    for row in output.splitlines():
+        parts = row.split(" ", 2)
+        if len(parts) >= 2 and parts[0] == PROBE_MARK:
+            seen[parts[1]] = (parts[2] if len(parts) == 3 else "") == content
+    return seen
+
+
 def shell(job_id: str, node: str, argv: list[str]) -> list[str]:
     """`gpufleet ssh`: an interactive step on the node (a pseudo-terminal when there is no
     command), inside the cluster's allocation."""

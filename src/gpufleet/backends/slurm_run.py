@@ -30,10 +30,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from gpufleet.backends import node_workdir, slurm_travel, workdir_ship
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
 from gpufleet.backends.node_driver import NodeAgent, NodeDriver, tag
 from gpufleet.reportauth import KEY_ENV
+
+PLACE_FAILED_EXIT = 70  # the workdir could not be shipped (as ray_run's agents not placed)
 
 POLL_S = 0.2  # how often a step's end is looked for while nodes are asked to end
 ANSWER_S = 10.0  # how long a step has to end when asked before its node counts as not answering
@@ -67,10 +70,23 @@ class Driver(NodeDriver):
         self.lines: queue.Queue[tuple[int, str]] = queue.Queue()
         self.said: list[tuple[int, str]] = []  # srun's own lines by node, read for failures
         self.how = ""
+        self.node_plans = {i: plan_path for i in range(len(self.nodes))}
+
+    def _travel(self) -> int | None:
+        """The workdir before any torchrun (slurm_travel.ship); an exit code if it failed."""
+        shipped = slurm_travel.ship(self.plan, self.plan_path, self.job_id, self.env, self.say,
+                                     _print)
+        if shipped is None:
+            return PLACE_FAILED_EXIT
+        self.plan, self.node_plans = shipped
+        return None
 
     def place(self) -> int | None:
+        code = self._travel()
+        if code is not None:
+            return code
         for i, n in enumerate(self.nodes):
-            argv = cmds.srun(self.job_id, n["node_id"], node_argv(i, self.plan_path))
+            argv = cmds.srun(self.job_id, n["node_id"], node_argv(i, self.node_plans[i]))
             step = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=self.env,
                                     start_new_session=True)
@@ -195,7 +211,24 @@ def node_main(index: int, plan_path: Path) -> int:
     """Inside the srun step on node `index`: that node's torchrun under the agent, its lines to
     stdout (srun carries them to the driver), ended with the step."""
     plan = json.loads(plan_path.read_text())
-    n = plan["nodes"][index]
+    travelled = plan.get("travel")
+    if travelled and index in travelled["unseen"]:
+        plan_path.unlink(missing_ok=True)  # a node-local copy, read once
+    try:
+        try:
+            n = slurm_travel.placed(plan, index, _print)
+        except Exception as exc:  # a failed setup, a damaged tar: the run's reason
+            _print([workdir_ship.error_line(exc)])
+            return 1
+        return _run_node(plan, n)
+    finally:
+        if travelled and not plan["workdir"].get("keep"):
+            with contextlib.suppress(OSError, ValueError):
+                node_workdir.remove(node_workdir.cache_root(), travelled["digest"],
+                                    travelled["user"])
+
+
+def _run_node(plan: dict[str, Any], n: dict[str, Any]) -> int:
     agent = NodeAgent(n["node_id"], plan["report_addr"])
     stopping = threading.Event()
 

@@ -23,7 +23,9 @@ from gpufleet.cli.options import (
     Framework,
     Gpu,
     Json,
+    KeepWorkdir,
     LossPattern,
+    MaxUpload,
     Microbatches,
     Network,
     Nodes,
@@ -35,6 +37,7 @@ from gpufleet.cli.options import (
     PriceBook,
     Priority,
     RunPrecision,
+    Setup,
     Strategy,
     TimeLimit,
     TotalSteps,
@@ -46,6 +49,7 @@ from gpufleet.errors import SpecError
 
 CLUSTER, LAYOUT, PRECISION = "Cluster", "Layout", "Precision and framework"
 SURVIVAL, OUTPUT, PROGRESS = "Survival", "Output", "Progress of any script"
+TRAVEL = "Code and environment that travel"
 QUEUE = "Queue"
 RUN_PANELS = {
     **dict.fromkeys(("cluster", "gpu", "count", "network", "disk", "price_book", "nodes", "pool",
@@ -56,6 +60,7 @@ RUN_PANELS = {
     **dict.fromkeys(("max_restarts", "hang_timeout", "checkpoint_to", "workers", "scale_up_util",
                      "scale_down_util", "cooldown", "scale_tolerance", "resume"), SURVIVAL),
     **dict.fromkeys(("total_steps", "loss_pattern", "bootstrap"), PROGRESS),
+    **dict.fromkeys(("setup", "max_upload", "keep_workdir"), TRAVEL),
     **dict.fromkeys(("priority", "time_limit", "after", "no_queue"), QUEUE),
     **dict.fromkeys(("name", "file", "dry_run", "detach", "yes", "help"), OUTPUT),
 }
@@ -94,7 +99,9 @@ def run(
         "--hang-timeout", help="No rank reporting for this long is a hang, handled as a "
         "failure." + default("5m"))] = None,
     checkpoint_to: Annotated[str | None, typer.Option(
-        "--checkpoint-to", help="Durable folder or fsspec URL checkpoints are copied to.")] = None,
+        "--checkpoint-to", help="Durable folder or fsspec URL checkpoints are copied to; "
+        "needed with --max-restarts or --resume where the nodes do not share this machine's "
+        "files.")] = None,
     workers: Annotated[str | None, typer.Option(
         "--workers", help="Elastic worker range MIN:MAX: resizes tried on utilization, kept "
         "on goodput.")] = None,
@@ -109,6 +116,9 @@ def run(
         "this share." + default("0.1"))] = None,
     resume: Annotated[str | None, typer.Option(
         "--resume", help="Start an ended job again from its last checkpoint.")] = None,
+    setup: Setup = None,
+    max_upload: MaxUpload = None,
+    keep_workdir: KeepWorkdir = False,
     total_steps: TotalSteps = None,
     loss_pattern: LossPattern = None,
     bootstrap: BootstrapOpt = True,
@@ -146,7 +156,8 @@ def run(
              "scale_tolerance": scale_tolerance,
              "total_steps": total_steps, "loss_pattern": loss_pattern,
              "bootstrap": None if bootstrap else False, "priority": priority,
-             "time_limit": time_limit, "after": after}
+             "time_limit": time_limit, "after": after, "setup": setup,
+             "max_upload": max_upload, "keep_workdir": keep_workdir or None}
     inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
               "price_book": price_book, "nodes": nodes, "pool": pool}
     job = JobInput(file, script, list(ctx.args), env or [], flags, inline, cluster)

@@ -103,3 +103,14 @@ NoQueue = Annotated[bool, typer.Option(
 After = Annotated[str | None, typer.Option(
     "--after", metavar="JOB", help="Start only after this job of yours succeeded (Slurm's "
     "afterok); if it fails or is stopped, this job is cancelled with that reason.")]
+
+# -- code and environment that travel to nodes that do not share this machine's files ----------
+Setup = Annotated[str | None, typer.Option(
+    "--setup", metavar="CMD", help="Shell command run once per node per workdir before the "
+    "start, in the workdir (e.g. 'pip install -r requirements.txt'); its output is in the "
+    "job's log, its failure the job's reason.")]
+MaxUpload = Annotated[str | None, typer.Option(
+    "--max-upload", metavar="SIZE", help="Refuse to ship a workdir above this size, e.g. "
+    "500MB, 2GB (at least 1MB)." + default("100MB"))]
+KeepWorkdir = Annotated[bool, typer.Option(
+    "--keep-workdir", help="Keep the shipped workdir on the nodes after the job.")]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpufleet.launch import frameworks
+from gpufleet.launch import frameworks, travel
 from gpufleet.launch.torchrun import JobContext
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Node, Placement
@@ -56,4 +56,7 @@ def plan(spec: JobSpec, layout: Layout, placements: list[Placement], nodes: dict
                          "memory_per_slot": memory_per_slot},
         })
     return {"address": address, "job": ctx.job_name, "report_addr": ctx.report_addr,
-            "ready_timeout_s": ready_timeout_s, "nodes": entries}
+            "ready_timeout_s": ready_timeout_s, "nodes": entries,
+            # what travels where nodes do not see it (launch/travel.py; the driver decides)
+            "workdir": travel.section(spec.workdir, spec.script, spec.setup,
+                                      spec.max_upload_bytes, spec.keep_workdir)}

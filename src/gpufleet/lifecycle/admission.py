@@ -62,6 +62,10 @@ class Facts:
     name_taken: bool = False  # a job or another queued job has the job's name
     busy_with: str | None = None  # the job running on the target cluster now
     source: str | None = None  # the script's text; None: unreadable, shape checks skipped
+    # the cluster's nodes that do not see this machine's files (backends/shipping.py: probed
+    # only where it matters, see `needs_durable`); () when they all do, or nobody asked
+    unseen: tuple[str, ...] = ()
+    resuming: bool = False  # `run --resume`: the job continues from its checkpoints
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ def admit(spec: JobSpec, target: Target, facts: Facts) -> Admitted | Refused:
             raise jobs.name_taken_error(spec.name)
         if facts.busy_with is not None:
             raise jobs.busy_error(target.name, facts.busy_with)
+        check_durable(spec, facts.unseen, facts.resuming, target.name)
         world = first_world(spec, target.count, target.name, target.nodes)
         layout = preflight.check(spec, catalog.resolve_gpu(target.gpu), world, facts.source)
     except GpufleetError as exc:
@@ -130,6 +135,25 @@ def check_pool_job(spec: JobSpec, kind: str | None, nodes: int) -> None:
                               "Ray pool, --max-restarts replaces a lost node instead")])
     elif spec.worker_range is not None and not caps.elastic:
         raise SpecError([("workers", "elastic resizing runs on the local pool only")])
+
+
+def needs_durable(spec: JobSpec, resuming: bool) -> bool:
+    """Whether the job would read its checkpoints back on a later run (a restart, a resume)
+    without a durable copy: only then does it matter whether the nodes share files."""
+    return (spec.max_restarts > 0 or resuming) and not spec.checkpoint_to
+
+
+def check_durable(spec: JobSpec, unseen: tuple[str, ...], resuming: bool, cluster: str) -> None:
+    """Where nodes do not share this machine's files, each keeps its checkpoints on its own
+    disk, and a restart or a resume on other nodes would start from nothing: refused, with the
+    fix, before anything starts (issue 29)."""
+    if not unseen or not needs_durable(spec, resuming):
+        return
+    why = "--resume" if resuming else f"--max-restarts {spec.max_restarts}"
+    raise SpecError([("checkpoint_to", f"node(s) {', '.join(unseen)} of cluster {cluster} do "
+                      "not see this machine's files, so checkpoints stay on each node's disk "
+                      f"and {why} could not continue from them on another node; give "
+                      "--checkpoint-to URL, a durable folder all nodes see (any fsspec URL)")])
 
 
 def first_world(spec: JobSpec, devices: int, cluster: str, nodes: int = 1) -> int:

@@ -19,7 +19,15 @@ from typing import Any
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import ConflictError, GpufleetError, SpecError
 from gpufleet.lifecycle import clusters, jobs
-from gpufleet.lifecycle.admission import Facts, Refused, admit, of_cluster, of_spec, or_raise
+from gpufleet.lifecycle.admission import (
+    Facts,
+    Refused,
+    admit,
+    needs_durable,
+    of_cluster,
+    of_spec,
+    or_raise,
+)
 from gpufleet.lifecycle.provision import Approve, allocation, provision
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Placement
@@ -59,7 +67,25 @@ def facts(store: Store, spec: JobSpec, cluster: Cluster | None, queued_ok: bool 
     assert spec.name is not None
     return Facts(name_taken=not own_name and jobs.name_taken(store, spec.name, queued_ok),
                  busy_with=None if cluster is None else jobs.busy_with(store, cluster),
-                 source=script_source(spec))
+                 source=script_source(spec), unseen=unseen_nodes(store, spec, cluster, own_name),
+                 resuming=own_name)
+
+
+def unseen_nodes(store: Store, spec: JobSpec, cluster: Cluster | None,
+                 resuming: bool) -> tuple[str, ...]:
+    """The cluster's nodes that do not see this machine's files, probed by its engine
+    (backends/shipping.py) only when the answer can refuse the job (`needs_durable`): a probe
+    is a round trip to every node (a Ray task each, one Slurm step)."""
+    from gpufleet.backends import shipping
+    from gpufleet.lifecycle import pools
+
+    if cluster is None or capabilities(cluster.backend).this_host \
+            or not needs_durable(spec, resuming):
+        return ()
+    engine = pools.backend_for(pools.pool_of(store, cluster))
+    node_ids = list(dict.fromkeys(p.node_id for p in clusters.placements(store, cluster)))
+    found = shipping.probe(engine, node_ids, gpufleet_home() / "jobs", cluster.engine_ref or "")
+    return () if found is None else found.unseen
 
 
 def check_framework(spec: JobSpec) -> None:
