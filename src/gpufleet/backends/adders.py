@@ -39,6 +39,7 @@ class AddRequest:
     account: str | None
     home: Path  # GPUFLEET_HOME: where a pool keeps its files (a Ray token's copy)
     claim: Callable[[], None]
+    python: str | None = None  # the nodes' interpreter (a Slurm pool whose nodes do not share it)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class Registration:
 
 
 def _slurm_only(r: AddRequest, kind: str) -> None:
-    given = [f for f, v in (("partition", r.partition), ("account", r.account)) if v is not None]
+    given = [f for f, v in (("partition", r.partition), ("account", r.account),
+                            ("python", r.python)) if v is not None]
     if given:
         raise SpecError([(given[0], f"--{given[0]} is for a Slurm pool, not a {kind} pool")])
 
@@ -105,6 +107,18 @@ def add_sim(r: AddRequest) -> Registration:
                         f"simulated, {nodes} nodes, {devices} devices", nodes, devices)
 
 
+def check_python(python: str | None) -> str | None:
+    """The nodes' interpreter as given: an absolute path on the nodes, or a command their PATH
+    finds (`python3`); it is never looked for here, where it need not exist."""
+    if python is None:
+        return None
+    if not python.strip() or python != python.strip() or "\n" in python:
+        raise SpecError([("python", f"{python!r} is not an interpreter; give the nodes' "
+                          "Python as an absolute path (/opt/env/bin/python) or a command on "
+                          "their PATH (python3)")])
+    return python
+
+
 def add_slurm(r: AddRequest) -> Registration:
     """A Slurm partition reachable with this machine's Slurm client commands (and its
     $SLURM_CONF, kept with the pool); no --partition: the cluster's default partition."""
@@ -113,7 +127,9 @@ def add_slurm(r: AddRequest) -> Registration:
     wrong = [f for f, v in (("address", r.address), ("token_file", r.token_file),
                             ("shape", r.shapes or None)) if v is not None]
     if wrong:
-        raise SpecError([(wrong[0], "a Slurm pool takes --partition and --account only")])
+        raise SpecError([(wrong[0], "a Slurm pool takes --partition, --account and --python "
+                          "only")])
+    python = check_python(r.python)
     r.claim()
     conf = os.environ.get("SLURM_CONF") or None
     probe = SlurmBackend(r.name, None, r.account, conf)
@@ -128,10 +144,12 @@ def add_slurm(r: AddRequest) -> Registration:
         raise SpecError([("partition", f"'{partition}' is not a partition of this Slurm "
                           f"cluster; allowed: {', '.join(known) or 'none'}")])
     found = SlurmBackend(r.name, partition, r.account, conf).discover()
-    settings = {"partition": partition, "account": r.account, "slurm_conf": conf}
+    settings = {"partition": partition, "account": r.account, "slurm_conf": conf,
+                "python": python}
     live = [n for n in found if n.healthy]
     devices = sum(len(n.devices) for n in found)
     types = ", ".join(sorted({d.gpu for n in found for d in n.devices})) or "no GPUs"
     return Registration(None, {k: v for k, v in settings.items() if v},
                         f"Slurm partition {partition}, {len(found)} node(s) ({len(live)} up), "
-                        f"{devices} GPU(s): {types}", len(live), devices)
+                        f"{devices} GPU(s): {types}"
+                        + (f"; the nodes run {python}" if python else ""), len(live), devices)

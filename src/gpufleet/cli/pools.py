@@ -36,6 +36,10 @@ def pool_add(
             "the cluster's default partition"))] = None,
     account: Annotated[str | None, typer.Option(
         "--account", help="slurm: the account jobs are charged to (sbatch --account).")] = None,
+    python: Annotated[str | None, typer.Option(
+        "--python", help="slurm: the nodes' Python, with torch and gpufleet (a path on the "
+        "nodes or a command on their PATH)." + default("this machine's own interpreter path, "
+        "for nodes that share its files"))] = None,
     no_default: NoDefault = False,
 ) -> None:
     """Register a pool; it becomes the default for launch and run unless --no-default.
@@ -46,7 +50,7 @@ def pool_add(
 
     pool_setup.check_kind(kind)  # before the store is opened
     added = pool_setup.add(store(), kind, name, address, shape or [], token_file, not no_default,
-                           partition, account)
+                           partition, account, python)
     out.print(f"Pool [bold]{added.name}[/]: {added.summary}.")
     if not no_default:
         out.print("It is now the default pool (back to this host: gpufleet pool use local).")
