@@ -53,3 +53,9 @@ def test_a_python_is_kept_as_given_and_only_a_slurm_pool_takes_one(tmp_path: Pat
         adders.add_sim(r)
     assert caught.value.problems[0][0] == "python" and "Slurm" in caught.value.problems[0][1]
     assert claimed == []  # refused before the name was taken
+
+
+def test_a_step_on_a_node_without_this_folder_starts_at_the_root() -> None:
+    step = cmds.srun("7", "n2", ["/opt/py", "-m", "x"], chdir="/")
+    assert "--chdir=/" in step and step[-3:] == ["/opt/py", "-m", "x"]
+    assert not any(a.startswith("--chdir") for a in cmds.srun("7", "n2", ["py"]))

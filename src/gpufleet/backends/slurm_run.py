@@ -87,9 +87,11 @@ class Driver(NodeDriver):
         code = self._travel()
         if code is not None:
             return code
+        unseen = (self.plan.get("travel") or {}).get("unseen", [])
         for i, n in enumerate(self.nodes):
             argv = cmds.srun(self.job_id, n["node_id"],
-                             node_argv(i, self.node_plans[i], self.plan.get("node_python")))
+                             node_argv(i, self.node_plans[i], self.plan.get("node_python")),
+                             chdir="/" if i in unseen else None)
             step = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=self.env,
                                     start_new_session=True)
