@@ -8,7 +8,9 @@ everything under tests/unit is `unit` (pure, fast), so a new file is marked by w
 `serial` tests alone. For that:
 - every integration module is one xdist group, so its module fixtures (one GPT job, one
   reference run, one Ray pool's state) run once; `test_strategies` and `test_plan_measured` share
-  one group because they read the same session-scoped launches (`strategy_runs.py`);
+  one group because they read the same session-scoped launches (`strategy_runs.py`), and every
+  module that imports `machines` (tests/integration/machines.py) is in the group `machines`: they
+  share the three test machines, which one test may kill or cut while it runs;
 - the tests that judge a job's speed or utilization against thresholds (the diagnosis runs for
   data loading, scaling and a healthy run; an elastic job's scale-up and -down; the benchmark
   calibration) are `serial`: with another test on the same two cores their figures, not
@@ -18,6 +20,8 @@ everything under tests/unit is `unit` (pure, fast), so a new file is marked by w
 
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -35,12 +39,26 @@ _SERIAL = ("test_diagnosis_runs::test_a_healthy_run_has_no_warnings",
            "test_survive::test_elastic_shrink_that_hurts_goodput_is_reverted_keeping_the_loss_curve")
 
 
+_USES_MACHINES = re.compile(r"^\s*(from machines import|import machines\b)", re.MULTILINE)
+
+
+@functools.cache
+def _uses_machines(path: str) -> bool:
+    """Whether an integration module imports the test machines' helper (read once a module)."""
+    try:
+        return bool(_USES_MACHINES.search((_HERE.parent / path).read_text()))
+    except OSError:
+        return False
+
+
 def group_of(nodeid: str) -> str:
     """The xdist group of a test: its integration module (or the group it shares), else its
     unit module."""
     path = nodeid.split("::", 1)[0]
     stem = Path(path).stem
     if Path(path).parts[:2] == ("tests", "integration"):
+        if _uses_machines(path):
+            return "machines"
         return _SHARED_GROUPS.get(stem, stem)
     return path
 
@@ -70,7 +88,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if folder != "integration":
             continue
         module = Path(str(item.path)).stem
-        item.add_marker(pytest.mark.xdist_group(_SHARED_GROUPS.get(module, module)))
+        item.add_marker(pytest.mark.xdist_group(group_of(item.nodeid)))
         name = item.name.split("[")[0]
         if module in _SERIAL or f"{module}::{name}" in _SERIAL or f"{module}::{item.name}" in _SERIAL:
             item.add_marker(pytest.mark.serial)
