@@ -93,24 +93,6 @@ def srun(job_id: str, node: str, argv: list[str], chdir: str | None = None) -> l
             f"--job-name={STEP_NAME}", *where, *argv]
 
 
-def job_steps(job_id: str) -> list[str]:
-    """The steps of an allocation: `ID|NAME` a line (squeue)."""
-    return ["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"]
-
-
-def run_steps(output: str) -> list[str]:
-    """The ids (`J.S`) of a run's steps in `job_steps`' output; not the holding batch step,
-    nor a `gpufleet ssh` or probe step."""
-    return [step for row in output.splitlines()
-            for step, _, name in [row.strip().partition("|")] if name == STEP_NAME]
-
-
-def signal_steps(signal: str, steps: list[str]) -> list[str]:
-    """A signal to those steps' tasks, and nothing else: unlike srun's own SIGTERM, which
-    cancels the step (its tasks SIGKILLed KillWait later, before they could clean up)."""
-    return ["scancel", f"--signal={signal}", *steps]
-
-
 PROBE_STEP = "gpufleet-probe"
 PROBE_MARK = "gpufleet-sees"
 

@@ -181,15 +181,12 @@ class Driver(NodeDriver):
                 if n.node.id in mine and not n.node.healthy}
 
     def end_all(self, grace_s: float) -> None:
-        """SIGTERM to the run's steps' tasks (`scancel --signal`: each node's step then stops
-        its torchrun and removes its workdir copy; srun's own SIGTERM would cancel the step,
-        SIGKILL after Slurm's KillWait), or through srun where Slurm does not list them; then
-        `scancel` the run's steps that are still there, then SIGKILL the sruns."""
-        if not self._signal_steps("TERM"):
-            for s in self.steps:
-                if s.poll() is None:
-                    with contextlib.suppress(OSError):
-                        s.send_signal(signal.SIGTERM)
+        """SIGTERM through srun (it forwards the signal to the step), then `scancel` the run's
+        steps that are still there, then SIGKILL the sruns."""
+        for s in self.steps:
+            if s.poll() is None:
+                with contextlib.suppress(OSError):
+                    s.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(s.poll() is None for s in self.steps):
             self._drain()
@@ -204,29 +201,15 @@ class Driver(NodeDriver):
                     s.kill()
         self._drain()
 
-    def _run_steps(self) -> list[str]:
-        """This run's live steps as Slurm lists them (none when it cannot say)."""
-        try:
-            listed = subprocess.run(cmds.job_steps(self.job_id), capture_output=True, text=True,
-                                    timeout=15, env=self.env)
-        except (OSError, subprocess.TimeoutExpired):
-            return []
-        return cmds.run_steps(listed.stdout) if listed.returncode == 0 else []
-
-    def _signal_steps(self, sig: str) -> bool:
-        """`sig` to the run's steps' tasks; whether Slurm took it."""
-        steps = self._run_steps()
-        if not steps:
-            return False
-        try:
-            done = subprocess.run(cmds.signal_steps(sig, steps), capture_output=True,
-                                  timeout=15, env=self.env)
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-        return done.returncode == 0
-
     def _cancel_steps(self) -> None:
-        self._signal_steps("KILL")
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            listed = subprocess.run(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i|%j"],
+                                    capture_output=True, text=True, timeout=15, env=self.env)
+            for row in listed.stdout.splitlines():
+                step, _, step_name = row.partition("|")
+                if step_name == cmds.STEP_NAME:
+                    subprocess.run(["scancel", "--signal=KILL", step], capture_output=True,
+                                   timeout=15, env=self.env)
 
 
 def node_main(index: int, plan_path: Path) -> int:

@@ -1,6 +1,6 @@
-"""A Slurm pool whose nodes share nothing with this machine: each node's step runs the pool's
-node interpreter (`pool add slurm --python`), starts where the node has a folder, and is ended
-by a signal to its tasks (so it can clean up) rather than by srun's cancel."""
+"""A Slurm pool's nodes' interpreter (`pool add slurm --python`): what each node's step runs,
+and what `pool add` accepts. Nodes that share nothing with this machine do not have its
+interpreter at its path, so the step names the pool's."""
 
 from __future__ import annotations
 
@@ -59,12 +59,3 @@ def test_a_step_on_a_node_without_this_folder_starts_at_the_root() -> None:
     step = cmds.srun("7", "n2", ["/opt/py", "-m", "x"], chdir="/")
     assert "--chdir=/" in step and step[-3:] == ["/opt/py", "-m", "x"]
     assert not any(a.startswith("--chdir") for a in cmds.srun("7", "n2", ["py"]))
-
-
-def test_a_runs_steps_are_signalled_by_scancel_not_cancelled_through_srun() -> None:
-    listed = f"7.batch|batch\n7.0|{cmds.PROBE_STEP}\n7.1|{cmds.STEP_NAME}\n7.2|{cmds.STEP_NAME}\n" \
-             "7.3|bash\n"
-    assert cmds.run_steps(listed) == ["7.1", "7.2"]
-    assert cmds.run_steps("") == []
-    assert cmds.signal_steps("TERM", ["7.1", "7.2"]) == ["scancel", "--signal=TERM", "7.1", "7.2"]
-    assert cmds.job_steps("7")[:2] == ["squeue", "-h"] and "7" in cmds.job_steps("7")
