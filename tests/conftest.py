@@ -99,7 +99,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # The longest integration groups (seconds of one worker, measured on 2 cores), started first.
-_LONGEST_FIRST = ("test_slurm_pool", "test_frameworks_cli", "test_jobs", "test_ray_pool",
+# `machines` (every module on the test machines) is placed by expectation: the SSH runs join it.
+_LONGEST_FIRST = ("test_slurm_pool", "machines", "test_frameworks_cli", "test_jobs", "test_ray_pool",
                   "test_readme", "test_cli_parity", "strategy_runs", "test_survive",
                   "test_ordinary_scripts",
                   "test_cli_errors", "test_queue", "test_supervisor_kill", "test_error_records",

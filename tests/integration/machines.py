@@ -71,7 +71,7 @@ class Machines:
 
     def ssh_argv(self, name: str, cmd: str, connect_timeout_s: int = 5) -> list[str]:
         """ssh to the machine as root, as a user would: no prompt, its pinned host key."""
-        return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+        return ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                 "-o", f"UserKnownHostsFile={self.known_hosts}",
                 "-o", "GlobalKnownHostsFile=/dev/null", "-o", f"ConnectTimeout={connect_timeout_s}",
                 "-o", "LogLevel=ERROR", "-i", str(self.identity), "-o", "IdentitiesOnly=yes", "-T",
@@ -98,7 +98,8 @@ class Machines:
         self._script("mend", str(self.folder), name)
 
     def pids(self, name: str) -> list[int]:
-        """The machine's processes other than its sshd listener (empty: nothing left there)."""
+        """The machine's processes other than its sshd listener (empty: nothing left there).
+        An ssh connection still open to it (a ControlPersist master) shows as its sshd session."""
         return [int(p) for p in self._script("pids", str(self.folder), name).split()]
 
 

@@ -279,6 +279,21 @@ def test_launch_gang_allocates_whole_nodes_and_refuses_with_the_reason(rfleet: F
     _wait_free(rfleet, set(used))
 
 
+def test_its_nodes_see_this_machines_files_so_nothing_would_travel(ray_pool: RayPool,
+                                                                    tmp_path: Path) -> None:
+    """The detection itself (backends/shipping.py through a task pinned to each node): every
+    node reads the probe's fresh content (a node reading other content says no: the agent's
+    `sees`, tests/unit/test_travel.py). One probe: each costs a Ray client (~8 s here)."""
+    from gpufleet.backends import shipping
+    from gpufleet.backends.ray import RayBackend
+
+    engine = RayBackend(ray_pool.name, ray_pool.address, ray_local.token_path(ray_pool.cfg))
+    nodes = [n.id for n in engine.discover()]
+    found = shipping.probe(engine, nodes, tmp_path)
+    assert found is not None and found.seen == dict.fromkeys(nodes, True) and not found.ships
+    assert len(nodes) == NODES and list(tmp_path.iterdir()) == []  # the probe file removed
+
+
 # ------------------------------------------------------------------------------ jobs
 
 
@@ -331,6 +346,11 @@ def test_two_node_ddp_gpt_through_ray_fails_fast_on_a_lost_node_and_continues(
                             log)
         assert len(starts) == 2 and starts[1] == found.group(1) != starts[0], starts
         assert "step 30/30" in (job_dir / "logs" / "rank0.log").read_text()
+        # the loopback Ray's nodes see this machine's files: detected by each node's agent
+        # before each run (and at submission, or --max-restarts without --checkpoint-to would
+        # be refused), so nothing was shipped
+        assert log.count(f"workdir: every node sees {rfleet.cwd}; nothing shipped") == 2, log
+        assert "shipped to" not in log
         plan = json.loads((job_dir / "ray-plan.json").read_text())  # the restart's plan
         heads = [n for n in plan["nodes"] if "is_host=1" in n["argv"]]
         assert len(plan["nodes"]) == 2 and len(heads) == 1

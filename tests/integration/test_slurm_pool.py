@@ -279,7 +279,8 @@ def test_a_failure_that_loses_no_node_restarts_in_the_same_allocation(sfleet: Fl
     """Every restart of a multi-node job asks whether to heal; with no node lost and the
     allocation still running, the next run uses the same Slurm job (no new sbatch)."""
     sfleet.ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--max-restarts", "1",
-              "-y", "-d", "--name", "f", str(WORKERS / "fails_once.py"), timeout=120)
+              "--setup", "echo setup ran in $(pwd)", "-y", "-d", "--name", "f",
+              str(WORKERS / "fails_once.py"), timeout=120)
     final = sfleet.wait_ended("f", timeout=240)
     assert final["status"] == "succeeded", final
     kinds = [e["kind"] for e in final["events"]]
@@ -288,6 +289,14 @@ def test_a_failure_that_loses_no_node_restarts_in_the_same_allocation(sfleet: Fl
     jobs = re.findall(r"torchrun starting on 2 node\(s\) of Slurm job (\d+)", log)
     assert len(jobs) == 2 and jobs[0] == jobs[1], log
     assert "failing at step 3 as asked" in log and log.count("done") >= 2, log
+    # the test Slurm's nodes see this machine's files: detected by a probe step before each
+    # run (and at submission, or --max-restarts without --checkpoint-to would be refused),
+    # so nothing was shipped
+    assert log.count(f"workdir: every node sees {sfleet.cwd}; nothing shipped") == 2, log
+    assert "shipped to" not in log and "WorkdirError" not in log, log
+    # setup ran in the shared workdir once per run: its two "nodes" share this machine's
+    # cache (one marker per digest), and each run's end removed it (no --keep-workdir)
+    assert log.count(f"setup: setup ran in {sfleet.cwd}") == 2, log
 
 
 def test_stopping_a_running_job_ends_every_nodes_step_and_cancels_its_allocation(

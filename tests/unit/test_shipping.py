@@ -116,3 +116,19 @@ def test_slurm_probe_step_each_node_says_what_it_reads(tmp_path: Path) -> None:
         out += subprocess.run([*step[:-1], str(path)], capture_output=True, text=True, check=True,
                               env={**os.environ, "SLURMD_NODENAME": node}).stdout
     assert cmds.seen_by(out + "srun: some noise\n", "c0ffee") == {"n1": True, "n2": False}
+
+
+def test_run_refuses_a_bad_max_upload_with_one_line(tmp_path: Path) -> None:
+    """The real command, as a user types it: one line, exit 2, no job made (one case: a
+    command's start costs seconds here; the others are the spec's, above)."""
+    import sys
+
+    (tmp_path / "t.py").write_text("print(1)\n")
+    home = tmp_path / "home"
+    r = subprocess.run([sys.executable, "-m", "gpufleet.cli", "run", "t.py", "--cluster", "c",
+                        "--max-upload", "lots"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "GPUFLEET_HOME": str(home)}, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "error: max_upload: 'lots' is not a size (examples: 100MB, 1GB, 500KiB)"]
+    assert not (home / "jobs").exists() or list((home / "jobs").iterdir()) == []

@@ -135,8 +135,9 @@ class Driver(NodeDriver):
         ray, ids = self.ray, [n["node_id"] for n in self.nodes]
         sharing = shipping.probe(_AgentsSee(ray, self.agents, ids), ids, self.lost_path.parent)
         assert sharing is not None
-        if not workdir_ship.needed(section, sharing):
+        if not sharing.ships:
             self.say(workdir_ship.shared_line(section["root"]))
+        if not workdir_ship.needed(section, sharing):
             return None
         try:
             packed = workdir_ship.pack(section, sharing.ships)

@@ -85,8 +85,9 @@ def ship(plan: dict[str, Any], plan_path: Path, job_id: str, env: dict[str, str]
 
     sharing = shipping.probe(_Sees(seen_here), ids, plan_path.parent)
     assert sharing is not None
-    if not workdir_ship.needed(section, sharing):
+    if not sharing.ships:
         say(workdir_ship.shared_line(section["root"]))
+    if not workdir_ship.needed(section, sharing):
         return plan, node_plans
     tar_path: Path | None = None
     try:
