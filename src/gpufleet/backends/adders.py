@@ -79,7 +79,8 @@ class Registration:
 def _no_hosts(r: AddRequest, kind: str) -> None:
     given = r.ssh.given()
     if given:
-        raise SpecError([(given[0], f"--{given[0]} is for an ssh pool, not a {kind} pool")])
+        which = "an ssh or a Slurm pool" if given[0] == "python" else "an ssh pool"
+        raise SpecError([(given[0], f"--{given[0]} is for {which}, not a {kind} pool")])
 
 
 def _slurm_only(r: AddRequest, kind: str) -> None:
@@ -134,15 +135,30 @@ def add_sim(r: AddRequest) -> Registration:
                         f"simulated, {nodes} nodes, {devices} devices", nodes, devices)
 
 
+def check_python(python: str | None) -> str | None:
+    """The nodes' interpreter as given: an absolute path on the nodes, or a command their PATH
+    finds (`python3`); it is never looked for here, where it need not exist."""
+    if python is None:
+        return None
+    if not python.strip() or python != python.strip() or "\n" in python:
+        raise SpecError([("python", f"{python!r} is not an interpreter; give the nodes' "
+                          "Python as an absolute path (/opt/env/bin/python) or a command on "
+                          "their PATH (python3)")])
+    return python
+
+
 def add_slurm(r: AddRequest) -> Registration:
     """A Slurm partition reachable with this machine's Slurm client commands (and its
     $SLURM_CONF, kept with the pool); no --partition: the cluster's default partition."""
     from gpufleet.backends.slurm import SlurmBackend
 
     wrong = [f for f, v in (("address", r.address), ("token_file", r.token_file),
-                            ("shape", r.shapes or None)) if v is not None] + r.ssh.given()
+                            ("shape", r.shapes or None)) if v is not None]
+    wrong += [f for f in r.ssh.given() if f != "python"]
     if wrong:
-        raise SpecError([(wrong[0], "a Slurm pool takes --partition and --account only")])
+        raise SpecError([(wrong[0], "a Slurm pool takes --partition, --account and --python "
+                          "only")])
+    python = check_python(r.ssh.python)
     r.claim()
     conf = os.environ.get("SLURM_CONF") or None
     probe = SlurmBackend(r.name, None, r.account, conf)
@@ -157,13 +173,15 @@ def add_slurm(r: AddRequest) -> Registration:
         raise SpecError([("partition", f"'{partition}' is not a partition of this Slurm "
                           f"cluster; allowed: {', '.join(known) or 'none'}")])
     found = SlurmBackend(r.name, partition, r.account, conf).discover()
-    settings = {"partition": partition, "account": r.account, "slurm_conf": conf}
+    settings = {"partition": partition, "account": r.account, "slurm_conf": conf,
+                "python": python}
     live = [n for n in found if n.healthy]
     devices = sum(len(n.devices) for n in found)
     types = ", ".join(sorted({d.gpu for n in found for d in n.devices})) or "no GPUs"
     return Registration(None, {k: v for k, v in settings.items() if v},
                         f"Slurm partition {partition}, {len(found)} node(s) ({len(live)} up), "
-                        f"{devices} GPU(s): {types}", len(live), devices)
+                        f"{devices} GPU(s): {types}"
+                        + (f"; the nodes run {python}" if python else ""), len(live), devices)
 
 
 def ssh_hosts(ask: HostsAsk, hostfile_text: str | None) -> list[Host]:

@@ -81,7 +81,8 @@ def _slurm(o: Opening) -> Backend:
     from gpufleet.backends.slurm import SlurmBackend
 
     s = o.settings
-    return SlurmBackend(o.pool, s.get("partition"), s.get("account"), s.get("slurm_conf"))
+    return SlurmBackend(o.pool, s.get("partition"), s.get("account"), s.get("slurm_conf"),
+                        s.get("python"))
 
 
 def _ssh(o: Opening) -> Backend:

@@ -54,7 +54,8 @@ def is_loopback(address: str) -> bool:
 class SlurmBackend(DriverProcs):
     """Slurm through its client commands on this machine (a login node): no daemon of ours
     runs anywhere but the steps Slurm starts. `slurm_conf`: the SLURM_CONF the pool was added
-    with (None: Slurm's default configuration)."""
+    with (None: Slurm's default configuration). `python`: the nodes' interpreter (`pool add
+    slurm --python`; None: this machine's own path, as on a cluster whose nodes share it)."""
 
     kind: Kind = "slurm"
     name = "slurm"
@@ -62,8 +63,9 @@ class SlurmBackend(DriverProcs):
     pids_here = False  # workers run in Slurm steps; a pid in a report is not ours to inspect
 
     def __init__(self, pool: str, partition: str | None = None, account: str | None = None,
-                 slurm_conf: str | None = None):
+                 slurm_conf: str | None = None, python: str | None = None):
         self.pool, self.partition, self.account, self.slurm_conf = pool, partition, account, slurm_conf
+        self.python = python
         self.init_procs()
         self.seen: list[parse.SlurmNode] = []
 
@@ -188,7 +190,7 @@ class SlurmBackend(DriverProcs):
 
         plan_path = job_dir / PLAN_FILE
         lines = [cmds.line(cmds.sbatch(self.sbatch_ask(ask)))] if ask is not None else []
-        return lines + [cmds.line(cmds.srun(ref, node, node_argv(i, plan_path)))
+        return lines + [cmds.line(cmds.srun(ref, node, node_argv(i, plan_path, self.python)))
                         for i, node in enumerate(node_ids)]
 
     def shell(self, ref: str, node_id: str, argv: list[str],
@@ -221,6 +223,7 @@ class SlurmBackend(DriverProcs):
             memory_per_slot=psutil.virtual_memory().total // max(1, run.cluster_devices))
         plan["job_id"] = run.engine_ref
         plan["slurm_conf"] = self.slurm_conf
+        plan["node_python"] = self.python
         path = run.job_dir / PLAN_FILE
         files = {k: v for n in plan["nodes"] for k, v in n["files"].items()}
         files[PLAN_FILE] = json.dumps(plan, indent=1)

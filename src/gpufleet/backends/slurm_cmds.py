@@ -82,12 +82,15 @@ def sbatch(ask: Ask) -> list[str]:
 STEP_NAME = "gpufleet-run"  # a run's steps: ended by name, a `gpufleet ssh` step is not
 
 
-def srun(job_id: str, node: str, argv: list[str]) -> list[str]:
+def srun(job_id: str, node: str, argv: list[str], chdir: str | None = None) -> list[str]:
     """One step on one node of the allocation: a single task that shares the allocation with
-    the holding step (`--overlap`), gets the whole environment, and whose failure ends it."""
+    the holding step (`--overlap`), gets the whole environment, and whose failure ends it.
+    `chdir`: where the step starts, for a node that does not have this machine's folder
+    (slurmstepd would say it could not go there, twice, before going to /tmp)."""
+    where = [f"--chdir={chdir}"] if chdir else []
     return ["srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
             "--overlap", "--kill-on-bad-exit=1", "--export=ALL", "--quiet",
-            f"--job-name={STEP_NAME}", *argv]
+            f"--job-name={STEP_NAME}", *where, *argv]
 
 
 PROBE_STEP = "gpufleet-probe"

@@ -5,8 +5,9 @@ torchrun. For each node of the cluster's allocation it starts `srun --jobid J --
 --overlap ... python -m gpufleet.backends.slurm_run --node I PLAN.json`; on the node that step
 runs the node's torchrun under a keeper (`node_driver.NodeAgent`, the same agent a Ray pool
 uses: it ends the node's whole tree when the step ends, and samples the node's devices for the
-supervisor, signed with the job's key). The plan, the job's script and gpufleet itself must be
-at the same paths on the nodes, as on a Slurm cluster's shared file system.
+supervisor, signed with the job's key). The step runs the pool's node interpreter (`pool add
+slurm --python`; else this machine's path, for nodes that share its files); where a node does
+not see the job folder, the plan and the workdir reach it by `sbcast` (slurm_travel).
 
 The watch over the nodes is `node_driver.NodeDriver`'s, as for Ray (every line tagged with its
 node, fail fast, exit 0 when every node's torchrun did). A node is lost when srun says `Node
@@ -50,9 +51,10 @@ def lost_named(lines: Iterable[str]) -> set[str]:
     return {m.group(1).rstrip(".,") for ln in lines for m in _NODE_FAILURE.finditer(ln)}
 
 
-def node_argv(index: int, plan_path: Path) -> list[str]:
-    """What the step on node `index` runs (the same interpreter path: a shared file system)."""
-    return [sys.executable, "-m", "gpufleet.backends.slurm_run", "--node", str(index),
+def node_argv(index: int, plan_path: Path, python: str | None = None) -> list[str]:
+    """What the step on node `index` runs: the pool's node interpreter (`pool add slurm
+    --python`), else this machine's own path (the nodes share its file system)."""
+    return [python or sys.executable, "-m", "gpufleet.backends.slurm_run", "--node", str(index),
             str(plan_path)]
 
 
@@ -85,8 +87,11 @@ class Driver(NodeDriver):
         code = self._travel()
         if code is not None:
             return code
+        unseen = (self.plan.get("travel") or {}).get("unseen", [])
         for i, n in enumerate(self.nodes):
-            argv = cmds.srun(self.job_id, n["node_id"], node_argv(i, self.node_plans[i]))
+            argv = cmds.srun(self.job_id, n["node_id"],
+                             node_argv(i, self.node_plans[i], self.plan.get("node_python")),
+                             chdir="/" if i in unseen else None)
             step = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=self.env,
                                     start_new_session=True)

@@ -7,7 +7,8 @@ file in the job folder); where every node sees it nothing is shipped (a shared f
 test Slurm on this machine). Otherwise `sbcast` puts the selection's tar and the plan on each
 node's /tmp, and the node's step unpacks the tar into the node's cache under its digest
 (node_workdir.place, with setup once per node per digest), runs in that copy, and removes it at
-the end unless the job keeps it. The node's interpreter is still this machine's path.
+the end unless the job keeps it. The node's interpreter is the pool's (`pool add slurm
+--python`, slurm_run.node_argv).
 """
 
 from __future__ import annotations

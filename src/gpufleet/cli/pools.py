@@ -50,8 +50,9 @@ def pool_add(
         "copied)." + default("ssh's own keys"))] = None,
     port: Annotated[int | None, typer.Option("--port", help="ssh: sshd's port.")] = None,
     python: Annotated[str | None, typer.Option(
-        "--python", help="ssh: the nodes' Python with torch and gpufleet." + default(
-            "python3 on the node's PATH"))] = None,
+        "--python", help="ssh, slurm: the nodes' Python with torch and gpufleet (a path on the "
+        "nodes or a command on their PATH)." + default("ssh: python3 on the node's PATH; "
+        "slurm: this machine's interpreter path, for nodes that share its files"))] = None,
     no_default: NoDefault = False,
 ) -> None:
     """Register a pool; it becomes the default for launch and run unless --no-default.
