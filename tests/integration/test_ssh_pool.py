@@ -30,7 +30,7 @@ ADDED: dict[str, str] = {}  # what `pool add` said, once for the module
 # Where a test could leave a file on a machine (the node environment is the harness's, pruned).
 _FILES = ("find /tmp /var/tmp /dev/shm /root /srv/machine -path /srv/machine/env -prune "
           "-o -print")
-SETTLE_S = 60.0  # a wait for events (a session's sshd ends just after its client), not a verdict
+SETTLE_S = 120.0  # a wait for events (a session's sshd ends just after its client), not a verdict
 
 
 def _files(m: Machines, name: str) -> set[str]:
