@@ -9,7 +9,8 @@ skipped, and under CI=true it fails: CI must run these tests.
 
 Every test module that imports this helper is in one xdist group, `machines` (tests/conftest.py
 finds them by that import), so two such tests never run at once: they share three machines. A
-test that kills or cuts a machine starts or mends it again in a `finally`.
+test that kills or cuts a machine starts or mends it again in a `finally`; one that rekeys a
+machine leaves it answering with its new key, which `known_hosts` then names.
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ class Machines:
 
     def mend(self, name: str) -> None:
         self._script("mend", str(self.folder), name)
+
+    def rekey(self, name: str) -> None:
+        """A new host key (a reinstalled machine): its sshd reloads it, `known_hosts` names it;
+        back once it answers with it. Its processes and files are kept."""
+        self._script("rekey", str(self.folder), name)
 
     def pids(self, name: str) -> list[int]:
         """The machine's processes other than its sshd listener (empty: nothing left there).

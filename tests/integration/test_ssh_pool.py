@@ -1,34 +1,58 @@
-"""An SSH pool of machines that share nothing with the submitter but a link (ssh_machines.py):
-`pool add ssh` pins and shows the host keys, refuses what it cannot use in one line with
+"""An SSH pool of the test machines (machines.py: they share nothing with the submitter but a
+link): `pool add ssh` pins and shows the host keys, refuses what it cannot use in one line with
 nothing stored, `pool list` shows each machine's CPU slots, versions and health, a machine whose
-key changed, that is cut off or killed is shown so (never an exception), `gpufleet ssh` runs on a node,
-`doctor --cluster` checks the nodes reach each other, and `launch --nodes 2` holds whole nodes
-until `stop`.
+key changed, that is cut off or killed is shown so (never an exception), `gpufleet ssh` runs on a
+node, `doctor --cluster` checks the nodes reach each other, and `launch --nodes 2` holds whole
+nodes until `stop`.
 
-One set of three machines for the module; each test is a few CLI calls.
+The pool is added once for the module, from the harness's hostfile (each machine's own node
+environment). The machines are shared with the other modules on them: what this module breaks
+(a new host key, a killed and a cut machine) it leaves answering again, and the module's end
+checks that every machine answers and that nothing of ours is left on it (no process, no file).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fleet_helpers import Fleet
-from ssh_machines import Machines, machines_or_skip
+from machines import Machines, machines_or_skip
 
 ADDED: dict[str, str] = {}  # what `pool add` said, once for the module
+# Where a test could leave a file on a machine (the node environment is the harness's, pruned).
+_FILES = ("find /tmp /var/tmp /dev/shm /root /srv/machine -path /srv/machine/env -prune "
+          "-o -print")
+SETTLE_S = 120.0  # a wait for events (a session's sshd ends just after its client), not a verdict
+
+
+def _files(m: Machines, name: str) -> set[str]:
+    return set(m.run(name, _FILES).stdout.split("\n")) - {""}
 
 
 @pytest.fixture(scope="module")
 def machines() -> Iterator[Machines]:
-    m = machines_or_skip(3)
+    m = machines_or_skip()
+    before = {n: _files(m, n) for n in m.names}
     yield m
-    m.down()
+    deadline = time.monotonic() + SETTLE_S
+    for name in m.names:  # every machine up, its link mended, its key the pinned one
+        while (done := m.ssh(name, "true")).returncode != 0:
+            assert time.monotonic() < deadline, f"{name} does not answer: {done.stderr}"
+            time.sleep(0.2)
+    for name in m.names:
+        while left := m.pids(name):
+            assert time.monotonic() < deadline, f"processes left on {name}: {left}"
+            time.sleep(0.2)
+        new = _files(m, name) - before[name]  # a rebooted machine has fewer, never more
+        assert not new, f"files left on {name}: {sorted(new)}"
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +67,17 @@ def lab(machines: Machines, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     assert not left, f"processes left behind: {left}"
 
 
-def _fingerprint(pub: Path) -> str:
-    out = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True,
-                         check=True).stdout
-    return out.split()[1]
+def _fingerprints(known_hosts: Path) -> dict[str, str]:
+    """The harness's pinned host keys: address -> SHA256 fingerprint."""
+    out = subprocess.run(["ssh-keygen", "-lf", str(known_hosts)], capture_output=True,
+                         text=True, check=True).stdout
+    return {line.split()[2]: line.split()[1] for line in out.splitlines()}
+
+
+def _hostfile_line(m: Machines, name: str) -> str:
+    [line] = [ln for ln in m.hostfile.read_text().splitlines()
+              if ln.split()[:1] == [m.address(name)]]
+    return line
 
 
 def _nodes(f: Fleet, pool: str = "lab") -> dict[str, dict[str, Any]]:
@@ -66,27 +97,31 @@ def _refused(f: Fleet, *args: str) -> str:
 
 def test_pool_add_pins_and_shows_each_host_key(lab: Fleet, machines: Machines) -> None:
     said = ADDED["stdout"]
-    for i in (1, 2, 3):
-        assert f"{machines.address(i)}: {_fingerprint(machines.host_key(i).with_suffix('.pub'))}" \
-            in said, said
+    keys = _fingerprints(machines.known_hosts)
+    for name in machines.names:
+        a = machines.address(name)
+        assert f"{a}: {keys[a]}" in said, said
     known = lab.home / "pools" / "lab" / "known_hosts"
     assert known.stat().st_mode & 0o777 == 0o600
     assert known.parent.stat().st_mode & 0o777 == 0o700
     assert "3 ready, 6 device(s)" in said
-    assert str(machines.key) not in known.read_text()  # a path, never the key
+    assert str(machines.identity) not in known.read_text()  # a path, never the key
 
 
-def test_pool_list_shows_slots_versions_and_health(lab: Fleet, machines: Machines) -> None:
+def test_pool_list_shows_slots_versions_and_health(lab: Fleet, machines: Machines,
+                                                   tmp_path: Path) -> None:
     rows = _nodes(lab)
-    assert sorted(rows) == sorted(machines.address(i) for i in (1, 2, 3))
+    assert sorted(rows) == sorted(machines.address(n) for n in machines.names)
     for row in rows.values():
         assert (row["gpu"], row["count"], row["free"], row["health"], row["state"]) == \
             ("cpu", 2, 2, "ok", "up via eth0"), row
 
     # a machine whose Python has no torch (the system's): kept, shown why, never used
-    a = machines.address(1)
-    said = lab.ok("pool", "add", "ssh", "--name", "bare", "--host", a, "--user", "root",
-                  "--identity", str(machines.key), "--python", "/usr/bin/python3",
+    a = machines.address("m1")
+    line = re.sub(r"python=\S+", "python=/usr/bin/python3", _hostfile_line(machines, "m1"))
+    assert line.endswith("python=/usr/bin/python3"), line
+    (tmp_path / "hostfile").write_text(line + "\n")
+    said = lab.ok("pool", "add", "ssh", "--name", "bare", "--hostfile", str(tmp_path / "hostfile"),
                   "--no-default").stdout
     assert f"not ready: {a}: no torch: /usr/bin/python3 has no torch installed" in said, said
     [row] = _nodes(lab, "bare").values()
@@ -97,20 +132,21 @@ def test_pool_list_shows_slots_versions_and_health(lab: Fleet, machines: Machine
 
 def test_bad_input_is_one_line_and_stores_nothing(lab: Fleet, machines: Machines,
                                                   tmp_path: Path) -> None:
+    one, two = machines.address("m1"), machines.address("m2")
     bad = tmp_path / "hostfile"
-    bad.write_text(f"{machines.address(1)} slots=2\n{machines.address(2)} cores=2\n")
+    bad.write_text(f"{one} slots=2\n{two} cores=2\n")
     assert _refused(lab, "--hostfile", str(bad)) == (
         "error: hostfile: hostfile line 2: unknown key 'cores'; allowed: slots, gpu, user, "
         "port, identity, python")
-    assert "identity: " in _refused(lab, "--host", machines.address(1), "--identity",
-                                    str(tmp_path / "missing"))
+    assert "identity: " in _refused(lab, "--host", one, "--identity", str(tmp_path / "missing"))
     other = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
-    assert _refused(lab, "--host", machines.address(2), "--user", "root", "--identity",
-                    str(other)) == (f"error: host {machines.address(2)} refused the key {other}: "
-                                    f"add {other}.pub to its authorized_keys")
-    assert "no ssh host key from 169.254." in _refused(
-        lab, "--host", f"169.254.{machines.subnet}.200", "--user", "root")
+    assert _refused(lab, "--host", two, "--user", "root", "--identity", str(other)) == (
+        f"error: host {two} refused the key {other}: add {other}.pub to its authorized_keys")
+    # an address on the machines' link that no machine has
+    nobody = machines.submitter.rsplit(".", 1)[0] + ".200"
+    assert nobody not in {machines.address(n) for n in machines.names}
+    assert f"no ssh host key from {nobody}" in _refused(lab, "--host", nobody, "--user", "root")
     assert "bad" not in {p["pool"] for p in lab.json("pool", "list", "--json")}
 
 
@@ -122,12 +158,15 @@ def test_ssh_runs_on_the_node_with_its_preset(lab: Fleet, machines: Machines) ->
     held = sorted(k for k, r in rows.items() if r["held_by"] == ["duo"])
     assert len(held) == 2 and all(rows[k]["free"] == 0 for k in held), rows
 
+    # the submitter's state folder (under its /tmp) exists here, and not on the node
+    assert lab.home.is_dir()
     r = lab.ok("ssh", "duo-worker1", "--", "sh", "-c",
-               "echo $GPUFLEET_CLUSTER $GPUFLEET_NODE; ip -o -4 addr show eth0; ls /tmp | wc -l")
+               "echo $GPUFLEET_CLUSTER $GPUFLEET_NODE; ip -o -4 addr show eth0; "
+               f"test -e {shlex.quote(str(lab.home))} && echo seen || echo absent")
     name, node, *rest = r.stdout.split()
     assert (name, node) == ("duo", "worker1")
     assert sum(f"inet {a}/24" in r.stdout for a in held) == 1, r.stdout  # one of its nodes
-    assert rest[-1] == "0"  # the submitter's /tmp (its home, the state folder) is not there
+    assert rest[-1] == "absent", r.stdout
 
     # doctor: each node reaches the other's sshd and the submitter, over its eth0
     report = json.loads(lab("doctor", "--cluster", "duo", "--json").stdout)
@@ -143,22 +182,29 @@ def test_ssh_runs_on_the_node_with_its_preset(lab: Fleet, machines: Machines) ->
 
 def test_a_changed_host_key_a_cut_and_a_killed_machine_are_shown_never_used(
         lab: Fleet, machines: Machines) -> None:
-    new = _fingerprint(machines.rekey(3))
-    machines.stop_sshd(1)  # killed: nothing answers on its address
-    machines.cut(2)  # cut off: its link is down
+    one, two, three = (machines.address(n) for n in ("m1", "m2", "m3"))
+    pinned = _fingerprints(machines.known_hosts)[three]
+    machines.rekey("m3")  # reinstalled: it answers with a new key, which the pool never saw
+    new = _fingerprints(machines.known_hosts)[three]
+    assert new != pinned
     try:
-        rows = _nodes(lab)
-        r = lab("launch", "--pool", "lab", "--gpu", "cpu", "--count", "2", "-y")
+        machines.kill("m1")  # killed: nothing answers on its address
+        try:
+            machines.cut("m2")  # cut off: its link is down
+            rows = _nodes(lab)
+            r = lab("launch", "--pool", "lab", "--gpu", "cpu", "--count", "2", "-y")
+        finally:
+            machines.mend("m2")
     finally:
-        machines.mend(2)
+        machines.start("m1")
     assert r.returncode == 2, r.stdout + r.stderr  # no usable node left
-    one, two, three = (rows[machines.address(i)] for i in (1, 2, 3))
-    assert all((x["health"], x["free"]) == ("lost", 0) for x in (one, two, three)), rows
-    assert three["state"].startswith(f"host key changed: host {machines.address(3)}'s host key "
-                                     f"changed since pool lab was added (it now shows {new})")
-    assert "gpufleet pool add ssh" in three["state"] and "ssh-keygen -R" in three["state"]
-    assert one["state"] == (f"unreachable: ssh: connect to host {machines.address(1)} port 22: "
-                            "Connection refused"), one
-    assert re.match(r"unreachable: ", two["state"]), two
+    x1, x2, x3 = rows[one], rows[two], rows[three]
+    assert all((x["health"], x["free"]) == ("lost", 0) for x in (x1, x2, x3)), rows
+    assert x3["state"].startswith(f"host key changed: host {three}'s host key changed since "
+                                  f"pool lab was added (it now shows {new})"), x3
+    assert "gpufleet pool add ssh" in x3["state"] and "ssh-keygen -R" in x3["state"]
+    assert x1["state"] == (f"unreachable: ssh: connect to host {one} port 22: "
+                           "Connection refused"), x1
+    assert re.match(r"unreachable: ", x2["state"]), x2
     lab.ok("pool", "remove", "lab")
     assert not (lab.home / "pools" / "lab").exists()

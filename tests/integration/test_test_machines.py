@@ -7,11 +7,13 @@ gpufleet of its own; its only addresses are its link-local one and loopback, wit
 route; it has a host name of its own and reaches the other machines by theirs, and the
 submitter's bridge address. `cut` partitions it
 (ssh fails, its processes run on) and `mend` heals it; `kill` leaves nothing of it and `start`
-reboots it (its /tmp empty, its disk kept). Events are waited for, with generous deadlines.
+reboots it (its /tmp empty, its disk kept); `rekey` gives it a new host key that a stale pin
+refuses, its processes running on. Events are waited for, with generous deadlines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata as md
 import json
 import os
@@ -161,6 +163,25 @@ def test_kill_ends_everything_of_a_machine_and_start_reboots_it(machines: Machin
     done = machines.ssh(VICTIM, "cat /srv/machine/disk-file; ls -A /tmp; rm /srv/machine/disk-file")
     assert done.stdout.split() == ["kept"], done.stdout + done.stderr
     _wait_nothing_left(machines, VICTIM)  # the session's sshd ends a moment after its client
+
+
+def test_rekey_gives_a_new_host_key_and_keeps_the_machine_running(machines: Machines,
+                                                                 tmp_path: Path) -> None:
+    stale = tmp_path / "known_hosts"
+    stale.write_text(machines.known_hosts.read_text())
+    others = [ln for ln in stale.read_text().splitlines()
+              if not ln.startswith(f"{machines.address(VICTIM)} ")]
+    sleeper = _background(machines, VICTIM)
+    machines.rekey(VICTIM)
+    assert sleeper in machines.pids(VICTIM)  # a new key, not a reboot: its processes run on
+    refused = dataclasses.replace(machines, known_hosts=stale).ssh(VICTIM, "true")
+    assert refused.returncode == 255 and "Host key verification failed" in refused.stderr, \
+        refused.stderr
+    assert machines.ssh(VICTIM, "true").returncode == 0  # known_hosts names the new key
+    now = machines.known_hosts.read_text().splitlines()
+    assert [ln for ln in now if not ln.startswith(f"{machines.address(VICTIM)} ")] == others
+    machines.run(VICTIM, f"kill {sleeper}")
+    _wait_nothing_left(machines, VICTIM)
 
 
 def _wait_nothing_left(m: Machines, name: str, timeout_s: float = 30) -> None:
