@@ -37,7 +37,7 @@ class _Known:
 # A kind is a name in `CAPABILITIES`, not a closed list: a new engine adds its row (a test's
 # toy engine at run time) and specs, stored clusters and pools accept it with no other change.
 Kind = Annotated[str, _Known()]
-KINDS: tuple[str, ...] = ("local", "ray", "sim", "slurm")  # the built-in engines
+KINDS: tuple[str, ...] = ("local", "ray", "sim", "slurm", "ssh")  # the built-in engines
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,9 @@ CAPABILITIES: dict[str, Capabilities] = {
                         simulated=True, samples_devices=False),
     "slurm": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=True,
                           simulated=False, samples_devices=False, allocates=True),
+    # a team's own machines over ssh: gpufleet's allocator gangs whole nodes, as on Ray
+    "ssh": Capabilities(this_host=False, multi_node=True, elastic=False, ssh=True,
+                        simulated=False, samples_devices=False),
 }
 
 

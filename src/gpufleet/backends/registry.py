@@ -84,6 +84,21 @@ def _slurm(o: Opening) -> Backend:
     return SlurmBackend(o.pool, s.get("partition"), s.get("account"), s.get("slurm_conf"))
 
 
+def _ssh(o: Opening) -> Backend:
+    from gpufleet.backends.ssh import SshBackend
+    from gpufleet.backends.ssh_conn import Host
+
+    s = o.settings
+    return SshBackend(o.pool, [Host.from_json(h) for h in s.get("hosts", [])],
+                      Path(s["known_hosts"]))
+
+
+def _add_ssh(r: AddRequest) -> Registration:
+    from gpufleet.backends import adders
+
+    return adders.add_ssh(r)
+
+
 def _add_ray(r: AddRequest) -> Registration:
     from gpufleet.backends import adders
 
@@ -107,6 +122,7 @@ ENGINES: dict[str, Engine] = {
     "ray": Engine(_ray, lambda address, _s: str(address or "simulated"), _add_ray),
     "slurm": Engine(_slurm, lambda _a, s: f"partition {s.get('partition', '(default)')}",
                     _add_slurm),
+    "ssh": Engine(_ssh, lambda _a, s: f"{len(s.get('hosts', []))} hosts over ssh", _add_ssh),
     "sim": Engine(_sim, lambda _a, _s: "simulated", _add_sim),
     "local": Engine(_local, lambda _a, _s: "this host"),
 }

@@ -21,7 +21,8 @@ LIST_NODES_UP_TO = 64  # larger pools are listed as groups of alike nodes
 @pool_app.command("add", cls=COMMAND)
 def pool_add(
     kind: Annotated[str, typer.Argument(
-        help="ray (an existing Ray cluster), slurm (a Slurm partition) or sim (synthetic).")],
+        help="ray (an existing Ray cluster), slurm (a Slurm partition), ssh (your own "
+        "machines over ssh) or sim (synthetic).")],
     address: Annotated[str | None, typer.Option(
         "--address", help="ray: the head's HOST:PORT (as for `ray start --address`).")] = None,
     shape: Annotated[list[str] | None, typer.Option(
@@ -36,18 +37,39 @@ def pool_add(
             "the cluster's default partition"))] = None,
     account: Annotated[str | None, typer.Option(
         "--account", help="slurm: the account jobs are charged to (sbatch --account).")] = None,
+    host: Annotated[list[str] | None, typer.Option(
+        "--host", help="ssh: a machine's address or name, repeatable.")] = None,
+    hostfile: Annotated[Path | None, typer.Option(
+        "--hostfile", help="ssh: one machine a line, `HOST slots=N [gpu=TYPE] [user=U] "
+        "[port=P] [identity=PATH] [python=PATH]` (# comments).")] = None,
+    user: Annotated[str | None, typer.Option(
+        "--user", help="ssh: the login on every host." + default("ssh's own"))] = None,
+    identity: Annotated[Path | None, typer.Option(
+        "--identity", help="ssh: the private key's path (kept as a path; the key is never "
+        "copied)." + default("ssh's own keys"))] = None,
+    port: Annotated[int | None, typer.Option("--port", help="ssh: sshd's port.")] = None,
+    python: Annotated[str | None, typer.Option(
+        "--python", help="ssh: the nodes' Python with torch and gpufleet." + default(
+            "python3 on the node's PATH"))] = None,
     no_default: NoDefault = False,
 ) -> None:
     """Register a pool; it becomes the default for launch and run unless --no-default.
 
     slurm: a Slurm cluster reached with this machine's client commands (sinfo, scontrol,
-    sbatch, srun, scancel, squeue) and $SLURM_CONF; each gpufleet cluster is one allocation."""
+    sbatch, srun, scancel, squeue) and $SLURM_CONF; each gpufleet cluster is one allocation.
+
+    ssh: machines that answer ssh with a key (no password prompts); their host keys are pinned
+    now and shown, and a machine whose key later changes is refused."""
+    from rich.markup import escape
+
+    from gpufleet.backends.adders import HostsAsk
     from gpufleet.lifecycle import pool_setup
 
     pool_setup.check_kind(kind)  # before the store is opened
+    ssh = HostsAsk(host or [], hostfile, user, identity, port, python)
     added = pool_setup.add(store(), kind, name, address, shape or [], token_file, not no_default,
-                           partition, account)
-    out.print(f"Pool [bold]{added.name}[/]: {added.summary}.")
+                           partition, account, ssh)
+    out.print(f"Pool [bold]{added.name}[/]: {escape(added.summary)}.")
     if not no_default:
         out.print("It is now the default pool (back to this host: gpufleet pool use local).")
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from gpufleet import catalog
 from gpufleet.backends import registry
-from gpufleet.backends.adders import AddRequest
+from gpufleet.backends.adders import AddRequest, HostsAsk
 from gpufleet.catalog import GpuType
 from gpufleet.errors import ConflictError, SpecError
 from gpufleet.lifecycle import pools
@@ -42,14 +42,15 @@ class Added:
 
 def add(store: Store, kind: str, name: str | None, address: str | None, shapes: list[str],
         token_file: Path | None, make_default: bool, partition: str | None = None,
-        account: str | None = None) -> Added:
+        account: str | None = None, ssh: HostsAsk | None = None) -> Added:
     """`pool add KIND ...`: the kind's own checks and probe (`backends.adders`), then the
     record; what the probe left (a token's copy) is undone if the record cannot be written."""
     adder = registry.engine(check_kind(kind)).add
     assert adder is not None  # check_kind takes only the kinds with one
     pool_name = pools.check_name_field(name or kind)
     got = adder(AddRequest(pool_name, address, shapes, token_file, partition, account,
-                           gpufleet_home(), lambda: pools.check_free_name(store, pool_name)))
+                           gpufleet_home(), lambda: pools.check_free_name(store, pool_name),
+                           ssh or HostsAsk()))
     try:
         pools.add(store, pool_name, kind, got.address, got.settings, make_default)
     except BaseException:

@@ -123,6 +123,11 @@ def remove(store: Store, name: str) -> Pool:
         from gpufleet.backends import ray_auth
 
         ray_auth.forget(path)
+    known = json.loads(pool.spec_json or "{}").get("known_hosts")
+    if known:  # an SSH pool's pinned host keys
+        from gpufleet.backends import ssh_keys
+
+        ssh_keys.forget(Path(known))
     return pool
 
 
