@@ -1,9 +1,6 @@
-"""The node side of SSH runs, pure parts: paths mapped both ways, files framed on stdout, the
-workdir's digest."""
+"""The node side of SSH runs, pure parts: paths mapped both ways, files framed on stdout."""
 
-from pathlib import Path
-
-from gpufleet.backends import ssh_node, ssh_ship
+from gpufleet.backends import ssh_node
 
 PAIRS = [("/home/ann/.gpufleet/jobs/j1", "/root/.cache/gpufleet/jobs/j1"),
          ("/home/ann/proj", "/root/.cache/gpufleet/workdirs/abc"),
@@ -44,15 +41,3 @@ def test_a_framed_file_comes_back_whole_and_a_log_line_is_not_one() -> None:
     assert ssh_node.unframe("[rank0]: hello") is None
     assert ssh_node.unframe(ssh_node.frame("../../etc/passwd", b"x")) is None
     assert ssh_node.unframe(ssh_node.frame("/etc/passwd", b"x")) is None
-
-
-def test_the_workdirs_digest_follows_content_only(tmp_path: Path) -> None:
-    (tmp_path / "a.py").write_text("print(1)\n")
-    (tmp_path / "__pycache__").mkdir()
-    (tmp_path / "__pycache__" / "a.pyc").write_bytes(b"junk")
-    first = ssh_ship.digest(tmp_path)
-    (tmp_path / "__pycache__" / "a.pyc").write_bytes(b"other junk")
-    assert ssh_ship.digest(tmp_path) == first
-    (tmp_path / "a.py").write_text("print(2)\n")
-    assert ssh_ship.digest(tmp_path) != first
-    assert ssh_ship.tar_bytes(tmp_path) == ssh_ship.tar_bytes(tmp_path)  # deterministic

@@ -35,7 +35,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from gpufleet.backends import keeper
+from gpufleet.backends import keeper, node_net
 from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.reportauth import Signer, signer_from_env
 from gpufleet.telemetry import wire
@@ -65,6 +65,9 @@ class NodeAgent:
         if argv and argv[0] == "{python}":
             argv = [sys.executable, *argv[1:]]  # this node's interpreter, not the driver's
         self.signer = signer_from_env(env)
+        # the workers' interface, and a head that cannot be reached said now (node_net.py):
+        # RendezvousUnreachableError before any worker starts
+        env = {**env, **node_net.prepare(self.node, env, os.environ)}
         # the lifeline's write end stays open in this actor process for as long as it lives
         self.proc, self.lifeline = keeper.spawn(argv, {**os.environ, **env}, cwd)
         self.reader = threading.Thread(target=self._read, daemon=True)

@@ -33,6 +33,7 @@ from typing import IO, Any
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
 from gpufleet.backends.node_driver import NodeAgent, NodeDriver, tag
+from gpufleet.backends.node_net import RendezvousUnreachableError
 from gpufleet.reportauth import KEY_ENV
 
 POLL_S = 0.2  # how often a step's end is looked for while nodes are asked to end
@@ -205,7 +206,11 @@ def node_main(index: int, plan_path: Path) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     key = {KEY_ENV: os.environ[KEY_ENV]} if KEY_ENV in os.environ else {}
-    agent.start(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"])
+    try:
+        agent.start(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"])
+    except RendezvousUnreachableError as exc:
+        _print([f"RendezvousUnreachableError: {exc}"])
+        return 1
     while True:
         if stopping.is_set():
             agent.stop(grace_s=8.0)

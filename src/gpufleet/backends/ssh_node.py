@@ -27,17 +27,16 @@ import base64
 import contextlib
 import io
 import json
-import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
-import tarfile
 import threading
 import time
 from pathlib import Path
 from typing import IO, Any
+
+from gpufleet.backends import node_net, node_workdir
 
 FRAME = "\x1egpufleet-file "  # starts a line that carries a file back, not a log line
 MAX_FILE_BYTES = 4 * 2**20  # a file larger than this comes back as its last 4 MiB
@@ -91,12 +90,8 @@ def unframe(line: str) -> tuple[str, bytes] | None:
 
 
 # -- the node's folders -------------------------------------------------------------------------
-def workdir_of(digest: str) -> Path:
-    return cache_root() / "workdirs" / digest
-
-
 def job_dir_of(job: str) -> Path:
-    return cache_root() / "jobs" / job
+    return cache_root() / "jobs" / job.replace("/", "_")
 
 
 def has(digest: str) -> dict[str, Any]:
@@ -104,7 +99,8 @@ def has(digest: str) -> dict[str, Any]:
     import gpufleet
 
     out: dict[str, Any] = {"version": gpufleet.__version__, "python": sys.executable,
-                           "has": bool(digest) and workdir_of(digest).is_dir()}
+                           "has": bool(digest) and node_workdir.has(node_workdir.cache_root(),
+                                                                    digest)}
     try:
         import torch
 
@@ -116,37 +112,16 @@ def has(digest: str) -> dict[str, Any]:
 
 
 def put(digest: str, stream: IO[bytes]) -> int:
-    """Unpack a workdir tar from `stream` into its digest's folder (a temp sibling, then one
-    rename, so a half-sent workdir is never taken for a placed one); the bytes received."""
-    dest = workdir_of(digest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{digest}.{os.getpid()}")
+    """Place the workdir tar from `stream` in the node's cache (node_workdir: unpacked into a
+    temp sibling, then renamed); the bytes received."""
     data = stream.read()  # at most the upload cap (100 MB by default)
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-            tar.extractall(tmp, filter="data")  # no absolute paths, no `..`, no links out
-        tmp.mkdir(exist_ok=True)
-        if dest.exists():
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    node_workdir.place(node_workdir.cache_root(), digest, io.BytesIO(data), "", _say)
     return len(data)
 
 
-def setup(digest: str, command: str, where: Path) -> int:
-    """The job's setup, once per node per workdir digest (a marker beside the workdir), its
-    output on stdout (the job's logs); its exit code."""
-    marker = workdir_of(digest).with_name(f"{digest}.setup-done") if digest else None
-    if not command or (marker is not None and marker.exists()):
-        return 0
-    print(f"gpufleet: setup: {command}", flush=True)
-    done = subprocess.run(["/bin/sh", "-c", command], cwd=where, stdin=subprocess.DEVNULL,
-                          stderr=subprocess.STDOUT)
-    if done.returncode == 0 and marker is not None:
-        marker.touch()
-    return done.returncode
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def send_back(node_job: Path, out: IO[str]) -> int:
@@ -175,20 +150,31 @@ def run(order: dict[str, Any], stdin: IO[str]) -> int:
     digest = order.get("digest") or ""
     job = job_dir_of(order["job"])
     job.mkdir(parents=True, exist_ok=True)
-    placed = workdir_of(digest) if digest else Path(order["maps"]["workdir"])
+    for name, content in entry.get("files", {}).items():  # framework configs (ds_config.json)
+        (job / Path(name).name).write_text(content)
+    root = node_workdir.cache_root()
+    placed = root / digest if digest else Path(order["maps"]["workdir"])
     pairs = [(order["maps"]["job_dir"], str(job)), (order["maps"]["workdir"], str(placed)),
              (order["maps"]["gpufleet"], str(Path(gpufleet.__file__).parent))]
     argv, env, cwd = map_entry(entry, pairs)
     code = 1
     try:
-        code = setup(digest, order.get("setup") or "", placed)
-        if code != 0:
-            print(f"SetupError: setup failed on {entry['name']} ({entry['node_id']}): "
-                  f"`{order['setup']}` exited {code}", flush=True)
-            return SETUP_FAILED_EXIT
+        if digest:
+            try:
+                node_workdir.place(root, digest, None, order.get("setup") or "",
+                                   lambda ln: _say(f"setup: {ln}"),
+                                   node=f"{entry['name']} ({entry['node_id']})", user=order["job"])
+            except (node_workdir.SetupFailed, node_workdir.WorkdirMissing) as exc:
+                _say(f"NodeSetupError: {exc}")
+                code = SETUP_FAILED_EXIT
+                return code
         agent = NodeAgent(entry["node_id"], order["report_addr"])
         stop = _watch(stdin)
-        agent.start(argv, {**env, **order.get("secrets", {})}, cwd, entry["sampling"])
+        try:
+            agent.start(argv, {**env, **order.get("secrets", {})}, cwd, entry["sampling"])
+        except node_net.RendezvousUnreachableError as exc:
+            _say(f"RendezvousUnreachableError: {exc}")
+            return code
         while True:
             if stop.is_set():
                 agent.stop(grace_s=8.0)
@@ -205,9 +191,9 @@ def run(order: dict[str, Any], stdin: IO[str]) -> int:
         return code
     finally:
         shutil.rmtree(job, ignore_errors=True)
+        # the job's last run (it succeeded, was stopped, or has no restart left): its copy goes
         if digest and not order.get("keep_workdir") and (order.get("final") or code in (0, 143)):
-            shutil.rmtree(placed, ignore_errors=True)
-            placed.with_name(f"{digest}.setup-done").unlink(missing_ok=True)
+            node_workdir.remove(root, digest, user=order["job"])
 
 
 def _watch(stdin: IO[str]) -> threading.Event:

@@ -22,6 +22,7 @@ connection to it then fails too; a worker failing on its own is not a lost host.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import queue
@@ -37,7 +38,7 @@ from typing import IO, Any, Protocol
 import psutil
 
 import gpufleet
-from gpufleet.backends import ssh_conn, ssh_ship
+from gpufleet.backends import ssh_conn
 from gpufleet.backends.base import Prepared, RunRequest
 from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.backends.local import free_port
@@ -45,7 +46,7 @@ from gpufleet.backends.node_driver import NodeDriver, tag
 from gpufleet.backends.ssh_conn import Host
 from gpufleet.backends.ssh_node import unframe
 from gpufleet.errors import GpufleetError
-from gpufleet.launch import multinode
+from gpufleet.launch import multinode, workdir
 from gpufleet.pool.model import Node
 from gpufleet.reportauth import KEY_ENV
 
@@ -100,8 +101,9 @@ class Driver(NodeDriver):
         digest = self.plan.get("digest") or ""
         code, out, err = self.call(i, ["has", digest])
         last = out.strip().splitlines()[-1] if out.strip() else ""
-        if code == LOST_SSH_EXIT:
-            return "lost", f"{self.where(i)}: ssh: {_first(err) or 'connection failed'}"
+        if code == LOST_SSH_EXIT:  # lost only if a fresh connection fails too
+            kind = "bad" if self.reachable(i) else "lost"
+            return kind, f"{self.where(i)}: ssh: {_first(err) or 'connection failed'}"
         try:
             facts = json.loads(last)
         except ValueError:
@@ -131,10 +133,16 @@ class Driver(NodeDriver):
         """The workdir's tar, made once for every node that lacks it."""
         with self.write_lock:
             if self.packed is None:
-                self.packed = ssh_ship.tar_bytes(Path(self.plan["workdir"]))
+                sel = workdir.select(Path(self.plan["workdir"]), self.plan["max_upload"])
+                if sel.digest != self.plan["digest"]:
+                    raise OSError("the workdir changed since the run was prepared")
+                buf = io.BytesIO()
+                workdir.write_tar(sel, buf)
+                self.packed = buf.getvalue()
             return self.packed
 
     def place(self) -> int | None:
+        self.control_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # ssh's sockets
         with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
             answers = list(pool.map(self.ready, range(len(self.nodes))))
         lost = {self.nodes[i]["node_id"] for i, (k, _) in enumerate(answers) if k == "lost"}
@@ -216,19 +224,20 @@ class Driver(NodeDriver):
     def confirm_lost(self) -> tuple[set[str], str]:
         """Every host whose connection ended, or all when a node failed: a fresh short
         connection to each; those it cannot reach are lost."""
-        def reachable(i: int) -> bool:
-            argv = ssh_conn.ssh_argv(self.hosts[i], self.known_hosts, ["true"],
-                                     connect_timeout_s=PROBE_TIMEOUT_S)
-            try:
-                return subprocess.run(argv, capture_output=True,
-                                      timeout=PROBE_TIMEOUT_S + 5).returncode == 0
-            except subprocess.TimeoutExpired:
-                return False
-
         with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
-            up = list(pool.map(reachable, range(len(self.nodes))))
+            up = list(pool.map(self.reachable, range(len(self.nodes))))
         lost = {self.nodes[i]["node_id"] for i, ok in enumerate(up) if not ok}
         return lost, "its ssh connection ended and a new one fails" if lost else ""
+
+    def reachable(self, i: int) -> bool:
+        """Whether a fresh connection of its own (not the shared one) reaches host `i`."""
+        argv = ssh_conn.ssh_argv(self.hosts[i], self.known_hosts, ["true"],
+                                 connect_timeout_s=PROBE_TIMEOUT_S)
+        try:
+            return subprocess.run(argv, capture_output=True,
+                                  timeout=PROBE_TIMEOUT_S + 5).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
 
     def lost_text(self, lost: set[str], how: str) -> str:
         where = ", ".join(self.where(i) for i, n in enumerate(self.nodes) if n["node_id"] in lost)
@@ -285,14 +294,15 @@ def prepare(backend: SshPool, run: RunRequest) -> Prepared:
         user_env={**run.survive_env, **run.spec.env}, ready_timeout_s=60.0,
         address=backend.pool, loopback=loopback,
         memory_per_slot=psutil.virtual_memory().total // max(1, run.cluster_devices))
-    workdir = Path(run.spec.workdir or ".").resolve()
-    spec: Any = run.spec  # setup/keep_workdir: fields the workdir part adds to the spec
+    spec: Any = run.spec  # setup/keep_workdir/max_upload: the workdir part's fields
+    cap = getattr(spec, "max_upload", None) or workdir.DEFAULT_MAX_UPLOAD
+    sel = workdir.select(Path(run.spec.workdir or "."), cap)  # UploadTooLarge: refused here
     final = int(run.survive_env.get("GPUFLEET_RUN", "0")) >= run.spec.max_restarts
     plan.update(
-        job=run.ctx.job_name, job_dir=str(run.job_dir), workdir=str(workdir),
-        maps={"job_dir": str(run.job_dir), "workdir": str(workdir),
+        job=run.ctx.job_name, job_dir=str(run.job_dir), workdir=str(sel.root),
+        maps={"job_dir": str(run.job_dir), "workdir": str(sel.root),
               "gpufleet": str(Path(gpufleet.__file__).parent)},
-        digest=ssh_ship.digest(workdir), setup=getattr(spec, "setup", None) or "",
+        digest=sel.digest, max_upload=cap, setup=getattr(spec, "setup", None) or "",
         keep_workdir=bool(getattr(spec, "keep_workdir", False)), final=final,
         version=gpufleet.__version__,
         ssh={"known_hosts": str(backend.known_hosts), "control_dir": str(backend.control_dir),
