@@ -158,6 +158,7 @@ def run(order: dict[str, Any], stdin: IO[str]) -> int:
              (order["maps"]["gpufleet"], str(Path(gpufleet.__file__).parent))]
     argv, env, cwd = map_entry(entry, pairs)
     code = 1
+    job_ends = threading.Event()
     try:
         if digest:
             try:
@@ -169,7 +170,7 @@ def run(order: dict[str, Any], stdin: IO[str]) -> int:
                 code = SETUP_FAILED_EXIT
                 return code
         agent = NodeAgent(entry["node_id"], order["report_addr"])
-        stop = _watch(stdin)
+        stop = _watch(stdin, job_ends)
         try:
             agent.start(argv, {**env, **order.get("secrets", {})}, cwd, entry["sampling"])
         except node_net.RendezvousUnreachableError as exc:
@@ -192,19 +193,24 @@ def run(order: dict[str, Any], stdin: IO[str]) -> int:
     finally:
         shutil.rmtree(job, ignore_errors=True)
         # the job's last run (it succeeded, was stopped, or has no restart left): its copy goes
-        if digest and not order.get("keep_workdir") and (order.get("final") or code in (0, 143)):
+        if digest and not order.get("keep_workdir") and (
+                order.get("final") or code == 0 or job_ends.is_set()):
             node_workdir.remove(root, digest, user=order["job"])
 
 
-def _watch(stdin: IO[str]) -> threading.Event:
-    """Set when the driver asks to stop, is gone (EOF), or has been silent for SILENT_S."""
+def _watch(stdin: IO[str], job_ends: threading.Event) -> threading.Event:
+    """Set when the driver asks to stop, is gone (EOF), or has been silent for SILENT_S.
+    `job_ends` is set too when the stop ends the job (`stop job`: the user stopped it), not
+    only this run (`stop`: a peer failed, the job may restart here)."""
     stop = threading.Event()
     last = [time.monotonic()]
 
     def read() -> None:
         for line in iter(stdin.readline, ""):
             last[0] = time.monotonic()
-            if line.strip() == "stop":
+            if line.startswith("stop"):
+                if line.strip() == "stop job":
+                    job_ends.set()
                 break
         stop.set()
 

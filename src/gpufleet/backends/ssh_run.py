@@ -244,9 +244,10 @@ class Driver(NodeDriver):
         return f"host {where} was lost mid-job ({how}); ending the other nodes"
 
     def end_all(self, grace_s: float) -> None:
-        """`stop` to every node (its agent ends torchrun and sends its files back), then EOF,
-        then the ssh sessions killed."""
-        self._send(b"stop\n")
+        """`stop` to every node (its agent ends torchrun and sends its files back; `stop job`
+        when the user stopped the job, so the nodes drop its workdir), then EOF, then the ssh
+        sessions killed."""
+        self._send(b"stop job\n" if self.stop_asked else b"stop\n")
         deadline = time.monotonic() + grace_s + 5.0
         while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
             self._drain()
@@ -297,7 +298,8 @@ def prepare(backend: SshPool, run: RunRequest) -> Prepared:
     spec: Any = run.spec  # setup/keep_workdir/max_upload: the workdir part's fields
     cap = getattr(spec, "max_upload", None) or workdir.DEFAULT_MAX_UPLOAD
     sel = workdir.select(Path(run.spec.workdir or "."), cap)  # UploadTooLarge: refused here
-    final = int(run.survive_env.get("GPUFLEET_RUN", "0")) >= run.spec.max_restarts
+    # runs are numbered from 1: the last one the job may have is max_restarts + 1
+    final = int(run.survive_env.get("GPUFLEET_RUN", "1")) > run.spec.max_restarts
     plan.update(
         job=run.ctx.job_name, job_dir=str(run.job_dir), workdir=str(sel.root),
         maps={"job_dir": str(run.job_dir), "workdir": str(sel.root),
