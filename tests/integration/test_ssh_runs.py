@@ -75,6 +75,14 @@ class Pool:
             time.sleep(0.5)
         return {k: v for k, v in left.items() if v}
 
+    def engine(self) -> Any:
+        """The pool's engine as gpufleet builds it from the stored pool."""
+        from gpufleet.backends.ssh import SshBackend
+        from gpufleet.backends.ssh_conn import Host, parse_hostfile
+
+        hosts = parse_hostfile(self.hosts.hostfile(), Host(address="defaults"))
+        return SshBackend("lab", hosts, self.hosts.known_hosts)
+
     def open_gates(self) -> None:
         for k in range(1, self.hosts.count + 1):
             if self.hosts.pids(k):
@@ -112,50 +120,155 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
         hosts.down()
 
 
-def run(p: Pool, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return p.lab("run", "--gpu", "cpu", "--count", "4", "--nodes", "2", "--name", name, "-y",
-                 *extra, "train.py", "--", "--max_steps", "4", timeout=RUN_TIMEOUT)
-
-
 def said(r: subprocess.CompletedProcess[str]) -> str:
     return f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
-# ------------------------------------------------------------------------- a job that succeeds
+def _driver_key(lab: Lab) -> str:
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "gpufleet.backends.ssh_run" in " ".join(proc.info["cmdline"] or []):
+                env = proc.environ()
+                if env.get("GPUFLEET_HOME") == str(lab.home):
+                    return env[KEY_ENV]
+        except psutil.Error:
+            continue
+    raise AssertionError("no driver of this fleet is running")
+
+
+def processes(hosts: ssh_hosts.Hosts, k: int) -> list[tuple[str, str]]:
+    """(command line, environment) of every process in host k (the hosts share this machine's
+    process table, so they are read here, by the pids in the host's network namespace)."""
+    out = []
+    for pid in hosts.pids(k):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            env = Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue  # gone meanwhile
+        out.append((cmd, env))
+    return out
+
+
+# -------------------------------------- a job on two hosts, one killed mid-job, healed on the third
+
+
+@dataclass
+class Healed:
+    """What the job `heal` showed: a run on two hosts held after step 1, one host killed, the
+    next run on the survivor and the third host, let go to the end."""
+
+    code: int
+    status: dict[str, Any]
+    first: list[int]  # the hosts of each run, by index
+    second: list[int]
+    victim: int
+    named_after_s: float  # from the kill to the NodeLostError line in the job's log
+    lost_line: str
+    key_in_workers: bool  # the report key reached the workers' environment on the hosts
+    key_on_command_lines: list[str]
+    left: dict[int, list[str]]
 
 
 @pytest.fixture(scope="module")
-def ok(pool: Pool) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    r = run(pool, "ok")
-    return r, pool.lab.status("ok")
+def healed(pool: Pool) -> Healed:
+    pool.close_gates()
+    job = pool.lab.popen("run", "--gpu", "cpu", "--count", "4", "--nodes", "2", "--name",
+                         "heal", "-y", "--max-restarts", "1", "--checkpoint-to",
+                         str(pool.durable / "heal"), "train.py", "--", "--max_steps", "3",
+                         "--gate", GATE)
+    try:
+        pool.lab.wait_for_step("heal", 1, timeout=RUN_TIMEOUT)
+        first = pool.plan("heal")
+        used = [pool.index(n["address"]) for n in first["nodes"]]
+        key = _driver_key(pool.lab)
+        procs = [p for k in used for p in processes(pool.hosts, k)]
+        victim = used[1]
+        t0 = time.monotonic()
+        pool.hosts.kill(victim)
+        while "NodeLostError" not in pool.log("heal") and time.monotonic() - t0 < 60:
+            time.sleep(0.1)
+        took = time.monotonic() - t0
+        lost = next((ln for ln in pool.log("heal").splitlines() if "NodeLostError" in ln), "")
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while pool.plan("heal")["nodes"][0]["env"]["GPUFLEET_RUN"] == "1":
+            assert time.monotonic() < deadline, "no second run"
+            time.sleep(0.2)
+        second = [pool.index(n["address"]) for n in pool.plan("heal")["nodes"]]
+        pool.open_gates()
+        code = job.wait(timeout=RUN_TIMEOUT)
+    finally:
+        if job.poll() is None:
+            job.kill()
+        for k in range(1, pool.hosts.count + 1):
+            if not pool.hosts.pids(k):
+                pool.hosts.start(k)  # back for the next tests
+    return Healed(code, pool.lab.status("heal"), used, second, victim, took, lost,
+                  any(key in env for _, env in procs),
+                  [cmd for cmd, _ in procs if key in cmd], pool.wait_clean())
 
 
-def test_a_job_from_a_folder_only_here_runs_on_two_hosts(pool: Pool, ok: Any) -> None:
-    r, status = ok
-    assert r.returncode == 0, said(r)
-    assert (status["status"], status["step"], status["world_size"]) == ("succeeded", 4, 4), status
-    plan = pool.plan("ok")
-    assert len({n["address"] for n in plan["nodes"]}) == 2
-    logs = pool.lab.home / "jobs" / "ok" / "logs"
-    assert "step 4: loss" in (logs / "rank0.log").read_text()
+def test_a_job_from_a_folder_only_here_runs_on_two_hosts(pool: Pool, healed: Healed) -> None:
+    status = healed.status
+    assert healed.code == 0, status
+    assert (status["status"], status["step"], status["world_size"]) == ("succeeded", 3, 4), status
+    assert len(set(healed.first)) == len(set(healed.second)) == 2
+    logs = pool.lab.home / "jobs" / "heal" / "logs"
+    assert "step 3: loss" in (logs / "rank0.log").read_text()
     for rank in range(4):
         assert (logs / f"rank{rank}.log").stat().st_size > 0, rank
 
 
-def test_the_workdir_is_shipped_to_each_host_and_removed_after(pool: Pool, ok: Any) -> None:
-    shipped = re.findall(r"workdir \w+: (\d+) bytes shipped to (\w+) \((\S+)\)", pool.log("ok"))
-    assert {(name, addr) for _, name, addr in shipped} == \
-        {(n["name"], n["address"]) for n in pool.plan("ok")["nodes"]}
-    assert all(int(n) > 0 for n, _, _ in shipped), shipped
-    assert pool.wait_clean() == {}
-
-
-def test_the_ranks_files_come_back_into_the_job_folder(pool: Pool, ok: Any) -> None:
+def test_the_ranks_files_come_back_into_the_job_folder(pool: Pool, healed: Healed) -> None:
     """torchrun's per-rank files, written on the hosts, are in the submitter's job folder."""
-    back = sorted((pool.lab.home / "jobs" / "ok" / "torchrun").glob("*/attempt_0/*/stdout.log"))
+    back = sorted((pool.lab.home / "jobs" / "heal" / "torchrun").glob("heal-2_*/attempt_0/*/"
+                                                                      "stdout.log"))
     assert len(back) == 4, back  # 2 local ranks on each of 2 hosts
     assert len({f.parents[2] for f in back}) == 2  # one torchrun log folder per host
-    assert any("step 4: loss" in f.read_text() for f in back)
+    assert any("step 3: loss" in f.read_text() for f in back)
+
+
+def test_the_workdir_goes_only_where_it_is_missing_and_is_removed_after(
+        pool: Pool, healed: Healed) -> None:
+    shipped = re.findall(r"workdir \w+: (\d+) bytes shipped to \w+ \(169\.254\.\d+\.1(\d)\)",
+                         pool.log("heal"))
+    first, second = shipped[:2], shipped[2:]
+    assert sorted(int(k) for _, k in first) == sorted(healed.first), shipped
+    assert all(int(n) > 0 for n, _ in first), shipped
+    # the survivor has it already; the third host gets it
+    assert {int(k): int(n) > 0 for n, k in second} == \
+        {k: k != healed.first[0] for k in healed.second}, shipped
+    assert healed.left == {}, "processes or copies left on the hosts"
+
+
+def test_no_command_line_on_a_host_shows_the_jobs_key(healed: Healed) -> None:
+    assert healed.key_in_workers, "the key reached the workers (through stdin, not argv)"
+    assert healed.key_on_command_lines == []
+
+
+def test_a_killed_host_is_named_within_10_s_and_the_job_heals_on_the_third(
+        pool: Pool, healed: Healed) -> None:
+    assert healed.named_after_s < 10, f"the lost host was named after {healed.named_after_s} s"
+    assert pool.hosts.address(healed.victim) in healed.lost_line, healed.lost_line
+    assert sorted(healed.second) == sorted({1, 2, 3} - {healed.victim})
+    assert any(f"node {pool.hosts.address(healed.victim)} lost; replaced by node" in e["reason"]
+               for e in healed.status["events"]), healed.status["events"]
+
+
+def test_the_hosts_see_none_of_the_submitters_files(pool: Pool) -> None:
+    """shipping.SharesFiles for SSH: `cat` over ssh reads the probe file on no host; a file
+    the hosts do share (the harness's folder) is seen."""
+    from gpufleet.backends.ssh_plan import sees
+
+    engine = pool.engine()
+    ids = [pool.hosts.address(k) for k in (1, 2, 3)]
+    probe = pool.project / "probe.txt"
+    probe.write_text("only here")
+    assert sees(engine, ids, probe, "only here") == dict.fromkeys(ids, False)
+    shared = Path(pool.hosts.root) / "probe.txt"
+    shared.write_text("on every host")
+    assert sees(engine, ids, shared, "on every host") == dict.fromkeys(ids, True)
+    assert sees(engine, ids, shared, "other content") == dict.fromkeys(ids, False)
 
 
 # ----------------------------------------------------------- a job that fails, restarted once
@@ -185,83 +298,6 @@ def test_a_second_run_with_the_same_workdir_ships_nothing(pool: Pool, boom: Any)
     assert [int(n) > 0 for n, _ in shipped[:2]] == [True, True]
     assert [int(n) for n, _ in shipped[2:]] == [0, 0]
     assert pool.wait_clean() == {}  # the job's last run removed the copies
-
-
-# ------------------------------------------------- a host killed mid-job, and the heal
-
-
-def _driver_key(lab: Lab) -> str:
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if "gpufleet.backends.ssh_run" in " ".join(proc.info["cmdline"] or []):
-                env = proc.environ()
-                if env.get("GPUFLEET_HOME") == str(lab.home):
-                    return env[KEY_ENV]
-        except psutil.Error:
-            continue
-    raise AssertionError("no driver of this fleet is running")
-
-
-def processes(hosts: ssh_hosts.Hosts, k: int) -> list[tuple[str, str]]:
-    """(command line, environment) of every process in host k (the hosts share this machine's
-    process table, so they are read here, by the pids in the host's network namespace)."""
-    out = []
-    for pid in hosts.pids(k):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            env = Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue  # gone meanwhile
-        out.append((cmd, env))
-    return out
-
-
-def test_a_killed_host_fails_the_run_in_seconds_and_it_heals_on_the_third(pool: Pool) -> None:
-    pool.close_gates()
-    job = pool.lab.popen("run", "--gpu", "cpu", "--count", "4", "--nodes", "2", "--name",
-                         "heal", "-y", "--max-restarts", "1", "--checkpoint-to",
-                         str(pool.durable / "heal"), "train.py", "--", "--max_steps", "3",
-                         "--gate", GATE)
-    try:
-        pool.lab.wait_for_step("heal", 1, timeout=RUN_TIMEOUT)
-        first = pool.plan("heal")
-        used = [pool.index(n["address"]) for n in first["nodes"]]
-        # the job's report key reached the workers on the hosts, and no command line shows it
-        key = _driver_key(pool.lab)
-        for k in used:
-            procs = processes(pool.hosts, k)
-            assert any(key in env for _, env in procs), "the key reached the host's workers"
-            assert not [cmd for cmd, _ in procs if key in cmd], "a command line shows the key"
-        victim = used[1]
-        t0 = time.monotonic()
-        pool.hosts.kill(victim)
-        while "NodeLostError" not in pool.log("heal") and time.monotonic() - t0 < 60:
-            time.sleep(0.1)
-        took = time.monotonic() - t0
-        lost = next(ln for ln in pool.log("heal").splitlines() if "NodeLostError" in ln)
-        assert took < 10, f"the lost host was named after {took:.1f} s"
-        assert pool.hosts.address(victim) in lost, lost
-        # the heal: the next run is on the survivor and the third host
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while pool.plan("heal")["nodes"][0]["env"]["GPUFLEET_RUN"] == \
-                first["nodes"][0]["env"]["GPUFLEET_RUN"]:
-            assert time.monotonic() < deadline, "no second run"
-            time.sleep(0.2)
-        second = {pool.index(n["address"]) for n in pool.plan("heal")["nodes"]}
-        assert second == {1, 2, 3} - {victim}, (second, victim)
-        pool.open_gates()
-        assert job.wait(timeout=RUN_TIMEOUT) == 0
-        status = pool.lab.status("heal")
-        assert status["status"] == "succeeded", status
-        assert any(f"node {pool.hosts.address(victim)} lost; replaced by node" in e["reason"]
-                   for e in status["events"]), status["events"]
-    finally:
-        if job.poll() is None:
-            job.kill()
-        for k in range(1, pool.hosts.count + 1):
-            if not pool.hosts.pids(k):
-                pool.hosts.start(k)  # back for the next tests
-    assert pool.wait_clean() == {}
 
 
 # ------------------------------------------------------------------------------ stop

@@ -33,24 +33,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
-import psutil
-
-import gpufleet
 from gpufleet.backends import ssh_conn
-from gpufleet.backends.base import Prepared, RunRequest
 from gpufleet.backends.exits import NODE_LOST_EXIT
-from gpufleet.backends.local import free_port
 from gpufleet.backends.node_driver import NodeDriver, tag
 from gpufleet.backends.ssh_conn import Host
 from gpufleet.backends.ssh_node import unframe
-from gpufleet.errors import GpufleetError
-from gpufleet.launch import multinode, workdir
-from gpufleet.pool.model import Node
+from gpufleet.backends.ssh_plan import prepare as prepare  # the engine's `prepare` delegates here
+from gpufleet.launch import workdir
 from gpufleet.reportauth import KEY_ENV
 
-PLAN_FILE = "ssh-plan.json"  # in the job folder; the driver writes the lost hosts beside it
 PLACE_FAILED_EXIT = 70
 PREPARE_TIMEOUT_S = 120.0  # version check, torch import, shipping: per host
 PROBE_TIMEOUT_S = 3  # a fresh connection to a host that looks lost
@@ -64,8 +57,8 @@ class Driver(NodeDriver):
     def __init__(self, plan: dict[str, Any], plan_path: Path):
         super().__init__(plan, plan_path.with_suffix(".lost"))
         self.plan_path = plan_path
-        self.job_dir = Path(plan["job_dir"])
-        ssh = plan["ssh"]
+        self.ssh = ssh = plan["ssh"]
+        self.job_dir = Path(ssh["job_dir"])
         self.known_hosts = Path(ssh["known_hosts"])
         self.control_dir = Path(ssh["control_dir"])
         self.hosts = [Host.from_json(ssh["hosts"][n["node_id"]]) for n in self.nodes]
@@ -98,7 +91,7 @@ class Driver(NodeDriver):
     # -- before any worker starts ---------------------------------------------------------------
     def ready(self, i: int) -> tuple[str, str]:
         """('', '') when node `i` is ready; ('lost', why) or ('bad', why) otherwise."""
-        digest = self.plan.get("digest") or ""
+        digest = self.ssh["digest"]
         code, out, err = self.call(i, ["has", digest])
         last = out.strip().splitlines()[-1] if out.strip() else ""
         if code == LOST_SSH_EXIT:  # lost only if a fresh connection fails too
@@ -110,7 +103,7 @@ class Driver(NodeDriver):
             return "bad", (f"{self.where(i)}: `{self.hosts[i].python} -m {NODE_MODULE}` failed "
                            f"(exit {code}): {_first(err) or _first(out) or 'no output'}; is "
                            "gpufleet installed for that Python on the node?")
-        mine = self.plan["version"]
+        mine = self.ssh["version"]
         if facts.get("version") != mine:
             return "bad", (f"gpufleet versions differ: node {self.where(i)} has "
                            f"{facts.get('version')} ({facts.get('python')}), this machine "
@@ -133,8 +126,8 @@ class Driver(NodeDriver):
         """The workdir's tar, made once for every node that lacks it."""
         with self.write_lock:
             if self.packed is None:
-                sel = workdir.select(Path(self.plan["workdir"]), self.plan["max_upload"])
-                if sel.digest != self.plan["digest"]:
+                sel = workdir.select(Path(self.ssh["root"]), self.ssh["max_upload"])
+                if sel.digest != self.ssh["digest"]:
                     raise OSError("the workdir changed since the run was prepared")
                 buf = io.BytesIO()
                 workdir.write_tar(sel, buf)
@@ -158,9 +151,9 @@ class Driver(NodeDriver):
             return PLACE_FAILED_EXIT
         key = {KEY_ENV: os.environ[KEY_ENV]} if KEY_ENV in os.environ else {}
         for i, n in enumerate(self.nodes):
-            order = {k: self.plan[k] for k in ("job", "report_addr", "maps", "digest", "setup",
-                                               "keep_workdir", "final")}
-            order.update(node=n, secrets=key)
+            order = {k: self.ssh[k] for k in ("job", "maps", "digest", "setup", "keep_workdir",
+                                              "final")}
+            order.update(node=n, secrets=key, report_addr=self.plan["report_addr"])
             proc = subprocess.Popen(self.argv(i, ["run"]), stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     start_new_session=True)
@@ -276,61 +269,6 @@ class Driver(NodeDriver):
                     "-O", "exit", h.target]
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 subprocess.run(argv, capture_output=True, timeout=10)
-
-
-def prepare(backend: SshPool, run: RunRequest) -> Prepared:
-    """The plan for the driver (ssh-plan.json: one `ssh_node run` per host, each running that
-    node's torchrun) with what the nodes need that they do not share: the submitter's job
-    folder, workdir and gpufleet paths (the node maps them to its own), the workdir's digest,
-    the setup command, this gpufleet's version; and the command that runs it."""
-    nodes = {n.id: n for n in backend.discover()}
-    missing = [p.node_id for p in run.placements if p.node_id not in nodes]
-    if missing:
-        raise GpufleetError(f"host(s) {', '.join(missing)} of cluster {run.cluster_name} "
-                            f"are not in SSH pool {backend.pool}")
-    loopback = all(is_loopback(p.address) for p in run.placements)
-    plan = multinode.plan(
-        run.spec, run.layout, run.placements, nodes, run.ctx,
-        port=free_port(run.placements[0].address if loopback else ""), run_id=run.run_id,
-        user_env={**run.survive_env, **run.spec.env}, ready_timeout_s=60.0,
-        address=backend.pool, loopback=loopback,
-        memory_per_slot=psutil.virtual_memory().total // max(1, run.cluster_devices))
-    spec: Any = run.spec  # setup/keep_workdir/max_upload: the workdir part's fields
-    cap = getattr(spec, "max_upload", None) or workdir.DEFAULT_MAX_UPLOAD
-    sel = workdir.select(Path(run.spec.workdir or "."), cap)  # UploadTooLarge: refused here
-    # runs are numbered from 1: the last one the job may have is max_restarts + 1
-    final = int(run.survive_env.get("GPUFLEET_RUN", "1")) > run.spec.max_restarts
-    plan.update(
-        job=run.ctx.job_name, job_dir=str(run.job_dir), workdir=str(sel.root),
-        maps={"job_dir": str(run.job_dir), "workdir": str(sel.root),
-              "gpufleet": str(Path(gpufleet.__file__).parent)},
-        digest=sel.digest, max_upload=cap, setup=getattr(spec, "setup", None) or "",
-        keep_workdir=bool(getattr(spec, "keep_workdir", False)), final=final,
-        version=gpufleet.__version__,
-        ssh={"known_hosts": str(backend.known_hosts), "control_dir": str(backend.control_dir),
-             "hosts": {p.node_id: backend.host_of(p.node_id).to_json()
-                       for p in run.placements}})
-    path = run.job_dir / PLAN_FILE
-    files = {k: v for n in plan["nodes"] for k, v in n["files"].items()}
-    files[PLAN_FILE] = json.dumps(plan, indent=1)
-    return Prepared([sys.executable, "-m", "gpufleet.backends.ssh_run", str(path)],
-                    {"GPUFLEET_JOB": run.ctx.job_name, "PYTHONUNBUFFERED": "1"}, files)
-
-
-class SshPool(Protocol):
-    """What `prepare` needs of the SSH engine (backends/ssh.py)."""
-
-    pool: str
-    known_hosts: Path
-    control_dir: Path
-
-    def discover(self) -> list[Node]: ...
-
-    def host_of(self, node_id: str) -> Host: ...
-
-
-def is_loopback(address: str) -> bool:
-    return address == "localhost" or address.startswith("127.") or address == "::1"
 
 
 def _first(text: str) -> str:
