@@ -125,15 +125,7 @@ def said(r: subprocess.CompletedProcess[str]) -> str:
 
 
 def _driver_key(lab: Lab) -> str:
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if "gpufleet.backends.ssh_run" in " ".join(proc.info["cmdline"] or []):
-                env = proc.environ()
-                if env.get("GPUFLEET_HOME") == str(lab.home):
-                    return env[KEY_ENV]
-        except psutil.Error:
-            continue
-    raise AssertionError("no driver of this fleet is running")
+    return str(_driver(lab).environ()[KEY_ENV])
 
 
 def processes(hosts: ssh_hosts.Hosts, k: int) -> list[tuple[str, str]]:
@@ -311,6 +303,65 @@ def test_after_stop_nothing_of_the_job_is_left_on_any_host(pool: Pool) -> None:
         pool.lab.wait_for_step("held", 1, timeout=RUN_TIMEOUT)
         assert any(pool.leftovers().values())  # the job is there now
         pool.lab.ok("stop", pool.lab.status("held")["cluster"])
+        job.wait(timeout=RUN_TIMEOUT)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert pool.wait_clean() == {}
+
+
+def _driver(lab: Lab) -> psutil.Process:
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "gpufleet.backends.ssh_run" in " ".join(proc.info["cmdline"] or []) and \
+                    proc.environ().get("GPUFLEET_HOME") == str(lab.home):
+                return proc
+        except psutil.Error:
+            continue
+    raise AssertionError("no driver of this fleet is running")
+
+
+def test_a_cut_link_is_named_and_the_cut_off_host_ends_its_workers_itself(pool: Pool) -> None:
+    """A partition: the driver names the host within 10 s; the host, which still runs, hears
+    nothing more from the driver and ends the job's processes on its own."""
+    pool.close_gates()
+    job = pool.lab.popen("run", "--gpu", "cpu", "--count", "4", "--nodes", "2", "--name",
+                         "cut", "-y", "train.py", "--", "--max_steps", "3", "--gate", GATE)
+    cut = 0
+    try:
+        pool.lab.wait_for_step("cut", 1, timeout=RUN_TIMEOUT)
+        cut = pool.index(pool.plan("cut")["nodes"][1]["address"])
+        t0 = time.monotonic()
+        pool.hosts.cut(cut)
+        while "NodeLostError" not in pool.log("cut") and time.monotonic() - t0 < 60:
+            time.sleep(0.1)
+        took = time.monotonic() - t0
+        assert took < 10, f"the cut-off host was named after {took:.1f} s"
+        lost = next(ln for ln in pool.log("cut").splitlines() if "NodeLostError" in ln)
+        assert pool.hosts.address(cut) in lost, lost
+        assert job.wait(timeout=RUN_TIMEOUT) != 0
+        # still cut off: its workers end by themselves (no word from the driver for 10 s)
+        deadline = time.monotonic() + 60
+        while [c for c, _ in processes(pool.hosts, cut) if "torch" in c] and \
+                time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert [c for c, _ in processes(pool.hosts, cut) if "torch" in c] == []
+    finally:
+        if cut:
+            pool.hosts.mend(cut)
+        if job.poll() is None:
+            job.kill()
+    assert pool.wait_clean() == {}
+
+
+def test_a_killed_driver_leaves_nothing_on_the_hosts(pool: Pool) -> None:
+    pool.close_gates()
+    job = pool.lab.popen("run", "--gpu", "cpu", "--count", "4", "--nodes", "2", "--name",
+                         "orphan", "-y", "train.py", "--", "--max_steps", "3", "--gate", GATE)
+    try:
+        pool.lab.wait_for_step("orphan", 1, timeout=RUN_TIMEOUT)
+        assert any(pool.leftovers().values())
+        _driver(pool.lab).kill()
         job.wait(timeout=RUN_TIMEOUT)
     finally:
         if job.poll() is None:
