@@ -117,3 +117,38 @@ class Backend(Protocol):
     def pids_here(self) -> bool:
         """Whether a worker pid in a report names a process on this machine."""
         ...
+
+
+@runtime_checkable
+class NodeShell(Protocol):
+    """An engine whose nodes are reached by a command of its own (srun into an allocation, ssh
+    with a pool's pinned keys), for `gpufleet ssh` and `doctor --cluster`: `argv` on node
+    `node_id` (inside allocation `ref` where the engine allocates) with `env` set there;
+    returns the local command line and its environment."""
+
+    def shell(self, ref: str, node_id: str, argv: list[str],
+              env: dict[str, str]) -> tuple[list[str], dict[str, str]]: ...
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Whether a node opened a TCP connection to `address`:`port`, over which interface."""
+
+    address: str
+    port: int
+    ok: bool
+    dev: str = ""  # the interface the node's route to `address` leaves from
+    src: str = ""  # the node's own address on it
+    error: str = ""
+
+
+@runtime_checkable
+class Reaches(Protocol):
+    """An engine that can ask a node which addresses it reaches (`doctor --cluster`): the other
+    nodes `peers` (at the port the engine reaches them on) and each of `extra` (ADDRESS, PORT).
+    Raises ConnectionError, with the reason in one line, when the node cannot be asked."""
+
+    def reach(self, node_id: str, peers: list[str],
+              extra: list[tuple[str, int]]) -> list[Reach]: ...
+
+    def report_host(self) -> str: ...

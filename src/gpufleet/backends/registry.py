@@ -93,6 +93,11 @@ def _ssh(o: Opening) -> Backend:
                       Path(s["known_hosts"]))
 
 
+def _ssh_where(_address: str | None, s: dict[str, Any]) -> str:
+    n = len(s.get("hosts", []))
+    return f"{n} host{'' if n == 1 else 's'} over ssh"
+
+
 def _add_ssh(r: AddRequest) -> Registration:
     from gpufleet.backends import adders
 
@@ -122,7 +127,7 @@ ENGINES: dict[str, Engine] = {
     "ray": Engine(_ray, lambda address, _s: str(address or "simulated"), _add_ray),
     "slurm": Engine(_slurm, lambda _a, s: f"partition {s.get('partition', '(default)')}",
                     _add_slurm),
-    "ssh": Engine(_ssh, lambda _a, s: f"{len(s.get('hosts', []))} hosts over ssh", _add_ssh),
+    "ssh": Engine(_ssh, _ssh_where, _add_ssh),
     "sim": Engine(_sim, lambda _a, _s: "simulated", _add_sim),
     "local": Engine(_local, lambda _a, _s: "this host"),
 }

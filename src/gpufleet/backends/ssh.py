@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gpufleet import __version__
 from gpufleet.backends import ssh_nodes
-from gpufleet.backends.base import Prepared, RunRequest
+from gpufleet.backends.base import Prepared, Reach, RunRequest
 from gpufleet.backends.driver_procs import DriverProcs
 from gpufleet.backends.exits import lost_line, take_lost
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
@@ -124,6 +124,28 @@ class SshBackend(DriverProcs):
         host = self.host_of(node_id)
         remote = ["env", *(f"{k}={v}" for k, v in sorted(env.items())), *argv]
         return self.argv(host, remote, tty=sys.stdin.isatty()), dict(os.environ)
+
+    # -- what a node reaches (base.Reaches) -----------------------------------------------------
+    def reach(self, node_id: str, peers: list[str],
+              extra: list[tuple[str, int]]) -> list[Reach]:
+        """From node `node_id`: a TCP connection to each peer's sshd and to each of `extra`."""
+        host = self.host_of(node_id)
+        targets = [f"{self.host_of(p).address}:{self.host_of(p).port}" for p in peers]
+        targets += [f"{address}:{port}" for address, port in extra]
+        source = (Path(__file__).parent / "ssh_probe.py").read_text()
+        timeout_s = self.probe_timeout_s + 4 * len(targets)
+        try:
+            done = subprocess.run(self.argv(host, [host.python, "-", "--reach", *targets]),
+                                  input=source, capture_output=True, text=True,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code, out, err = None, "", ""
+        else:
+            code, out, err = done.returncode, done.stdout, done.stderr
+        if code != 0:
+            raise ConnectionError(ssh_nodes.failure(host, code, err, self.known_hosts,
+                                                    self.pool, timeout_s))
+        return ssh_nodes.reaches(out)
 
     # -- runs -----------------------------------------------------------------------------------
     def prepare(self, run: RunRequest) -> Prepared:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import catalog
+from gpufleet.backends.base import Reach
 from gpufleet.backends.ssh_conn import Host
 from gpufleet.pool.model import Device, Node
 
@@ -124,6 +125,16 @@ def unreachable(host: Host, why: str) -> Node:
                           healthy=False),)
     return Node(id=host.address, address=host.address, devices=gpu or slots,
                 inter_fabric=NETWORK, healthy=False, ref=host.address, state=why)
+
+
+def reaches(stdout: str) -> list[Reach]:
+    """The `--reach` probe's answer, one entry per target asked."""
+    try:
+        found = json.loads(stdout.strip().splitlines()[-1])
+        return [Reach(str(e["address"]), int(e["port"]), bool(e.get("ok")), str(e.get("dev", "")),
+                      str(e.get("src", "")), str(e.get("error", ""))) for e in found]
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        raise ConnectionError(f"the reach probe's answer is unreadable: {exc}") from None
 
 
 def routes(stdout: str) -> dict[str, dict[str, str]]:

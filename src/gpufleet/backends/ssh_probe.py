@@ -8,7 +8,8 @@ Python 3.8 syntax at run time (no gpufleet import, no match, no `X | Y` at run t
 It prints: cores, memory (bytes), NVIDIA GPUs (NVML through pynvml, else `nvidia-smi`), the
 torch and gpufleet versions installed for that Python (read from package metadata, so torch is
 never imported: a probe stays well under a second), and for each PEER the interface and source
-address its route leaves from (`ip -o route get PEER`).
+address its route leaves from (`ip -o route get PEER`). With `--reach ADDRESS:PORT...` it
+says instead whether each opens a TCP connection from the node (`doctor --cluster`).
 """
 
 from __future__ import annotations
@@ -101,5 +102,26 @@ def probe(peers: list[str]) -> dict[str, object]:
             "hostname": platform.node(), "routes": {p: _route(p) for p in peers}}
 
 
+def reach(targets: list[str], timeout_s: float = 3.0) -> list[dict[str, object]]:
+    """For each ADDRESS:PORT, whether a TCP connection opens from here, and over which route."""
+    import socket
+
+    found: list[dict[str, object]] = []
+    for target in targets:
+        address, _, port = target.rpartition(":")
+        entry: dict[str, object] = {"address": address, "port": int(port), **_route(address)}
+        try:
+            socket.create_connection((address, int(port)), timeout=timeout_s).close()
+            entry["ok"] = True
+        except OSError as exc:
+            entry["ok"] = False
+            entry["error"] = exc.strerror or type(exc).__name__
+        found.append(entry)
+    return found
+
+
 if __name__ == "__main__":
-    print(json.dumps(probe(sys.argv[1:])))
+    if sys.argv[1:2] == ["--reach"]:
+        print(json.dumps(reach(sys.argv[2:])))
+    else:
+        print(json.dumps(probe(sys.argv[1:])))

@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -22,6 +23,9 @@ from gpufleet.doctor import checks
 from gpufleet.doctor.model import Check, Target
 from gpufleet.errors import ConflictError, GpufleetError
 from gpufleet.pool.model import Device, Node
+
+if TYPE_CHECKING:
+    from gpufleet.backends.base import Reaches
 
 STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 MATRIX_LEGEND = ("NV#: # NVLinks. PCIe path: PIX one bridge, PXB several bridges, PHB the CPU's "
@@ -64,18 +68,58 @@ def cluster_targets(name: str) -> list[Target]:
             for p in clusters.placements(store, cluster)]
 
 
-def check_nodes(targets: list[Target] | None, node: Node) -> list[NodeReport]:
-    """Gather and judge each target's node. Only this host can be probed today; a target on
-    another node (a future multi-node backend) is reported as not checked."""
+def cluster_engine(name: str) -> object | None:
+    """The backend of the cluster's pool (None: this host's)."""
+    from gpufleet.lifecycle import clusters, pools
+    from gpufleet.store import Store
+
+    store = Store()
+    pool = pools.pool_of(store, clusters.get(store, name))
+    return pools.backend_for(pool) if pool is not None else None
+
+
+def reach_reports(targets: list[Target], engine: Reaches) -> dict[str, list[Check]]:
+    """Each node's reach checks: every other node of the cluster and the submitter's report
+    address (a port opened here for the check, closed after)."""
+    import socket
+
+    from gpufleet.doctor import reach
+
+    found: dict[str, list[Check]] = {}
+    host = engine.report_host()
+    with socket.create_server((host, 0)) as listener:  # the kernel accepts; nothing is read
+        port = listener.getsockname()[1]
+        names = {(host, port): "the submitter's report address"}
+        for target in targets:
+            peers = [t.node for t in targets if t.node != target.node]
+            try:
+                results = engine.reach(target.node, peers, [(host, port)])
+            except ConnectionError as exc:
+                found[target.node] = [reach.unasked(target.node, str(exc))]
+                continue
+            for r in results:
+                names.setdefault((r.address, r.port), f"node {r.address}'s sshd")
+            found[target.node] = reach.reach_checks(target.node, results, names)
+    return found
+
+
+def check_nodes(targets: list[Target] | None, node: Node,
+                engine: object | None = None) -> list[NodeReport]:
+    """Gather and judge each target's node. The device checks probe this host only; a node of
+    another machine gets, where its engine can ask it (`backends.base.Reaches`), whether it
+    reaches the other nodes and the submitter."""
+    from gpufleet.backends.base import Reaches
     from gpufleet.doctor import facts
 
     nvml = facts.nvml_facts()
     reports = []
+    reached = reach_reports(targets, engine) if targets and isinstance(engine, Reaches) else {}
     for target in targets if targets is not None else [default_target(node)]:
         if target.node != node.id:
             reports.append(NodeReport(target.node, target.cluster, [Check(
-                "node", "warn", f"not checked: doctor probes this host ({node.id}) only",
-                f"run `gpufleet doctor` on {target.node}")]))
+                "node", "warn", f"devices not checked: doctor probes this host ({node.id}) "
+                "only", f"run `gpufleet doctor` on {target.node}"),
+                *reached.get(target.node, [])]))
             continue
         reports.append(NodeReport(target.node, target.cluster,
                                   checks.run_all(facts.gather(target, node, nvml))))
@@ -127,13 +171,14 @@ def doctor(cluster: str | None, as_json: bool, console: Console) -> int:
     from gpufleet.backends.local import LocalBackend
 
     targets = cluster_targets(cluster) if cluster is not None else None
+    engine = cluster_engine(cluster) if cluster is not None else None
     # No state_dir: an unusable $GPUFLEET_HOME is the disk check's finding, not an error here.
     [node] = LocalBackend().discover()
     if as_json or not console.is_terminal:
-        reports = check_nodes(targets, node)
+        reports = check_nodes(targets, node, engine)
     else:
         with console.status("Checking (the all-reduce takes a few seconds)..."):
-            reports = check_nodes(targets, node)
+            reports = check_nodes(targets, node, engine)
     every = [c for r in reports for c in r.checks]
     counts = checks.summary(every)
     if as_json:

@@ -3,7 +3,9 @@ or runs a command there with the node's devices and environment.
 
 On this machine (the local pool, a local Ray pool) that is the command itself with the node's
 settings; on another machine of a Ray pool, `ssh` to its address with the same settings; on a
-Slurm pool, `srun --pty` into the node, as a step of the cluster's own allocation.
+Slurm pool, `srun --pty` into the node, as a step of the cluster's own allocation; on an engine
+with a way of its own (`backends.base.NodeShell`: an SSH pool's pinned keys, user and key),
+that.
 """
 
 from __future__ import annotations
@@ -93,6 +95,15 @@ def invocation(store: Store, name: str, command: list[str], cwd: Path | None) ->
             node_id = clusters.placements(store, cluster)[node].node_id
             argv, env = engine.shell(cluster.engine_ref or "", node_id, argv, env)
             return Invocation(argv, env, cwd or Path(cluster.scratch_dir))
+    from gpufleet.backends.base import NodeShell
+    from gpufleet.lifecycle import pools
+
+    pool = pools.pool_of(store, cluster)
+    engine_here = pools.backend_for(pool) if pool is not None else None
+    if isinstance(engine_here, NodeShell):  # the engine's own way in (an SSH pool's options)
+        node_id = clusters.placements(store, cluster)[node].node_id
+        argv, env = engine_here.shell(cluster.engine_ref or "", node_id, argv, preset)
+        return Invocation(argv, env, cwd or Path(cluster.scratch_dir))
     if not is_here(address):  # another machine of a Ray pool: over ssh, with the same settings
         remote = ["env", *(f"{k}={v}" for k, v in sorted(preset.items())), *argv]
         argv, env = ["ssh", "-t", address, shlex.join(remote)], dict(os.environ)
