@@ -81,7 +81,18 @@ def test_pool_list_shows_slots_versions_and_health(lab: Fleet, machines: Machine
     assert sorted(rows) == sorted(machines.address(i) for i in (1, 2, 3))
     for row in rows.values():
         assert (row["gpu"], row["count"], row["free"], row["health"], row["state"]) == \
-            ("cpu", 2, 2, "ok", "up"), row
+            ("cpu", 2, 2, "ok", "up via eth0"), row
+
+    # a machine whose Python has no torch (the system's): kept, shown why, never used
+    a = machines.address(1)
+    said = lab.ok("pool", "add", "ssh", "--name", "bare", "--host", a, "--user", "root",
+                  "--identity", str(machines.key), "--python", "/usr/bin/python3",
+                  "--no-default").stdout
+    assert f"not ready: {a}: no torch: /usr/bin/python3 has no torch installed" in said, said
+    [row] = _nodes(lab, "bare").values()
+    assert (row["health"], row["free"]) == ("lost", 0), row
+    assert row["state"] == "no torch: /usr/bin/python3 has no torch installed"
+    lab.ok("pool", "remove", "bare")
 
 
 def test_bad_input_is_one_line_and_stores_nothing(lab: Fleet, machines: Machines,

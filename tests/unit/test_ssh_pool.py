@@ -85,6 +85,8 @@ def test_a_probe_makes_cpu_slots_from_the_hostfile_else_the_cores() -> None:
     assert node.healthy and node.state == "up" and node.id == node.address == "10.0.0.1"
     assert [d.id for d in node.devices] == ["cpu0", "cpu1", "cpu2", "cpu3"]
     assert node.devices[0].memory_bytes == 2 * 2**30 and node.inter_fabric == "ethernet"
+    routed = _probe(routes={"10.0.0.2": {"dev": "eth1", "src": "10.0.0.1"}, "10.0.0.3": {}})
+    assert ssh_nodes.node_of(Host("10.0.0.1"), routed, "0.1.0").state == "up via eth1"
     two = ssh_nodes.node_of(Host("10.0.0.1", slots=2), _probe(), "0.1.0")
     assert len(two.devices) == 2 and two.devices[0].memory_bytes == 4 * 2**30
 
@@ -155,3 +157,19 @@ def test_the_probe_reads_nvidia_smi_and_routes() -> None:
         == {"dev": "eth0", "src": "169.254.1.1"}
     here = ssh_probe.probe([])
     assert isinstance(here["cores"], int) and here["cores"] >= 1
+
+
+def test_doctor_reach_is_one_check_per_address_with_the_fix() -> None:
+    from gpufleet.backends.base import Reach
+    from gpufleet.doctor.reach import reach_checks
+
+    found = [Reach("10.0.0.2", 22, True, "eth0", "10.0.0.1"),
+             Reach("10.0.0.9", 4000, False, "eth0", "10.0.0.1", "Connection refused"),
+             Reach("192.0.2.1", 22, False, "", "", "Network is unreachable")]
+    ok, refused, no_route = reach_checks("n1", found, {("10.0.0.9", 4000): "the submitter"})
+    assert (ok.status, ok.detail) == ("pass", "reaches 10.0.0.2:22 (10.0.0.2:22) over eth0 "
+                                              "from 10.0.0.1")
+    assert refused.status == "fail" and refused.detail == (
+        "cannot reach the submitter (10.0.0.9:4000) over eth0 from 10.0.0.1: Connection refused")
+    assert "check the firewall on 10.0.0.9 and on eth0" in refused.fix
+    assert no_route.fix.startswith("no route from n1 to 192.0.2.1")

@@ -93,7 +93,6 @@ class SshBackend(DriverProcs):
     def probe_one(self, host: Host) -> Node:
         """One host's node, from its probe, within `probe_timeout_s`; never raises."""
         peers = [h.address for h in self.hosts if h.address != host.address]
-        peers = peers or [host.address]
         source = (Path(__file__).parent / "ssh_probe.py").read_text()
         try:
             done = subprocess.run(self.argv(host, [host.python, "-", *peers]), input=source,
@@ -111,7 +110,8 @@ class SshBackend(DriverProcs):
         return ssh_nodes.node_of(host, out, __version__)
 
     def discover(self) -> list[Node]:
-        """Every host's node, probed all at once: the whole takes about one probe's time."""
+        """Every host's node, probed all at once: the whole takes about one probe's time. A
+        healthy node's state names the interface its routes to the other hosts leave by."""
         with ThreadPoolExecutor(max_workers=min(32, len(self.hosts) or 1)) as workers:
             return list(workers.map(self.probe_one, self.hosts))
 

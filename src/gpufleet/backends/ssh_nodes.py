@@ -109,9 +109,13 @@ def node_of(host: Host, stdout: str, version: str) -> Node:
     except (ValueError, IndexError) as exc:
         return unreachable(host, f"probe failed: unreadable output ({exc})")
     why = refusal(data, version)
+    found = data.get("routes")
+    found = found if isinstance(found, dict) else {}
+    devs = sorted({str(r["dev"]) for r in found.values() if isinstance(r, dict) and r.get("dev")})
+    up = "up" + (f" via {', '.join(devs)}" if devs else "")  # the interface to the other hosts
     return Node(id=host.address, address=host.address, devices=devices(host, data, not why),
                 inter_fabric=NETWORK, free_disk_bytes=1 << 62, healthy=not why, ref=host.address,
-                state=why or "up")
+                state=why or up)
 
 
 def unreachable(host: Host, why: str) -> Node:
