@@ -35,6 +35,7 @@ def test_hostfile_lines_take_their_own_keys_else_the_defaults() -> None:
     ("a port=70000\n", "hostfile line 1: port=70000 is not allowed; allowed: 1-65535"),
     ("a\n\na\n", "hostfile line 3: host a is listed twice"),
     ("a;rm slots=1\n", "hostfile line 1: 'a;rm' is not a host name or an IP address"),
+    ("a user=-oProxyCommand=x\n", "hostfile line 1: user='-oProxyCommand=x' is not a user"),
     ("# nothing\n", "hostfile: no hosts in it"),
 ])
 def test_each_bad_hostfile_line_is_named_with_what_is_allowed(text: str, said: str) -> None:
@@ -58,6 +59,10 @@ def test_pool_add_ssh_refuses_before_reaching_a_host(tmp_path: Path) -> None:
         ".pub is in the host's authorized_keys")
     assert refused(HostsAsk(hostfile=tmp_path / "h"), "a bogus\n").startswith(
         "hostfile: hostfile line 1: 'bogus' is not KEY=VALUE")
+    assert refused(HostsAsk(["a"], user="-oProxyCommand=x")).startswith(
+        "user: '-oProxyCommand=x' is not a user name")
+    assert refused(HostsAsk(hostfile=tmp_path / "h"), "a gpu=H9000\n").startswith(
+        "hostfile: gpu=H9000 of a: unknown GPU type 'H9000'")
     key = tmp_path / "id"
     key.write_text("not read\n")
     hosts = ssh_hosts(HostsAsk(["a", "b"], user="root", identity=key, port=22, python="py"),

@@ -169,6 +169,7 @@ def add_slurm(r: AddRequest) -> Registration:
 def ssh_hosts(ask: HostsAsk, hostfile_text: str | None) -> list[Host]:
     """The pool's hosts from `--host`s or a hostfile's text, each with the defaults given;
     every problem a SpecError naming its field (a hostfile's names its line)."""
+    from gpufleet import catalog
     from gpufleet.backends import ssh_conn
 
     if bool(ask.hosts) == (ask.hostfile is not None):
@@ -186,6 +187,18 @@ def ssh_hosts(ask: HostsAsk, hostfile_text: str | None) -> list[Host]:
             hosts = [replace(defaults, address=ssh_conn.check_host(h)) for h in ask.hosts]
     except ValueError as exc:
         raise SpecError([("hostfile" if hostfile_text is not None else "host", str(exc))]) from None
+    if ask.user is not None:
+        try:
+            ssh_conn.check_user(ask.user)
+        except ValueError as exc:
+            raise SpecError([("user", str(exc))]) from None
+    for h in hosts:  # a declared GPU type must be the catalog's, before any host is reached
+        if h.gpu:
+            try:
+                catalog.resolve_gpu(h.gpu, "gpu")
+            except SpecError as exc:
+                raise SpecError([("hostfile", f"gpu={h.gpu} of {h.address}: "
+                                  f"{exc.problems[0][1]}")]) from None
     if len({(h.address, h.port) for h in hosts}) < len(hosts):
         raise SpecError([("host", "a host is given twice")])
     for h in hosts:
@@ -223,12 +236,13 @@ def add_ssh(r: AddRequest) -> Registration:
     path = ssh_keys.pool_known_hosts(r.home, r.name)
     try:
         shown = ssh_keys.write(path, ssh_keys.scan(hosts))
-        found = SshBackend(r.name, hosts, path).discover()
-        for node, host in zip(found, hosts, strict=True):
-            if node.state.startswith(("unreachable", "key refused", "host key", "no python",
-                                      "probe failed")):
-                raise ConflictError(node.state.split(": ", 1)[1] if node.state.startswith(
-                    ("key refused", "host key")) else f"host {host.address}: {node.state}")
+        backend = SshBackend(r.name, hosts, path)
+        found = backend.discover()
+        for host in hosts:  # ssh itself failed: a host that cannot be asked is not added
+            why = backend.failed.get(host.address)
+            if why is not None:
+                raise ConflictError(why.split(": ", 1)[1] if why.startswith(
+                    ("key refused", "host key")) else f"host {host.address}: {why}")
     except BaseException:
         ssh_keys.forget(path)
         raise

@@ -71,7 +71,8 @@ class SshBackend(DriverProcs):
                  probe_timeout_s: float = PROBE_TIMEOUT_S):
         self.pool, self.hosts, self.known_hosts = pool, hosts, known_hosts
         self.probe_timeout_s = probe_timeout_s
-        self.control_dir = control_dir()
+        self.control_dir = control_dir()  # made (0700) by private_dir when first used
+        self.failed: dict[str, str] = {}  # the last discovery's hosts ssh could not ask, why
         self.init_procs()
 
     def host_of(self, node_id: str) -> Host:
@@ -100,18 +101,21 @@ class SshBackend(DriverProcs):
         except subprocess.TimeoutExpired:
             code, out, err = None, "", ""
         except OSError as exc:  # no ssh client here
-            return ssh_nodes.unreachable(host, f"unreachable: cannot run ssh: {exc}")
+            self.failed[host.address] = f"unreachable: cannot run ssh: {exc}"
+            return ssh_nodes.unreachable(host, self.failed[host.address])
         else:
             code, out, err = done.returncode, done.stdout, done.stderr
         if code != 0:
             why = ssh_nodes.failure(host, code, err, self.known_hosts, self.pool,
                                     self.probe_timeout_s)
+            self.failed[host.address] = why
             return ssh_nodes.unreachable(host, why)
         return ssh_nodes.node_of(host, out, __version__)
 
     def discover(self) -> list[Node]:
         """Every host's node, probed all at once: the whole takes about one probe's time. A
         healthy node's state names the interface its routes to the other hosts leave by."""
+        self.failed = {}
         with ThreadPoolExecutor(max_workers=min(32, len(self.hosts) or 1)) as workers:
             return list(workers.map(self.probe_one, self.hosts))
 

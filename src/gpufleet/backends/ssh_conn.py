@@ -53,6 +53,17 @@ class Host:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+
+
+def check_user(user: str) -> str:
+    """A login name; never one that ssh would read as an option (`-oProxyCommand=...`)."""
+    if not _USER.match(user):
+        raise ValueError(f"'{user}' is not a user name (letters, digits, '.', '_', '-'; not "
+                         "starting with '-')")
+    return user
+
+
 def check_host(address: str) -> str:
     if not _HOST.match(address):
         raise ValueError(f"'{address}' is not a host name or an IP address")
@@ -82,6 +93,11 @@ def parse_hostfile(text: str, defaults: Host) -> list[Host]:
             if key not in HOSTFILE_KEYS:
                 raise ValueError(f"{where}: unknown key '{key}'; allowed: "
                                  + ", ".join(HOSTFILE_KEYS))
+            if key == "user":
+                try:
+                    check_user(value)
+                except ValueError as e:
+                    raise ValueError(f"{where}: user={e}") from None
             if key in ("slots", "port"):
                 if not value.isdigit() or int(value) < 1 or (key == "port" and int(value) > 65535):
                     limit = "1-65535" if key == "port" else "a whole number >= 1"

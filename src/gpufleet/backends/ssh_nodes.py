@@ -17,6 +17,7 @@ from typing import Any
 from gpufleet import catalog
 from gpufleet.backends.base import Reach
 from gpufleet.backends.ssh_conn import Host
+from gpufleet.errors import SpecError
 from gpufleet.pool.model import Device, Node
 
 NETWORK = "ethernet"  # between an SSH pool's hosts, unless a hostfile says otherwise
@@ -66,8 +67,10 @@ def failure(host: Host, code: int | None, stderr: str, known_hosts: Path, pool: 
 
 def gpu_name(host: Host, reported: str) -> str:
     """The catalog type for a GPU: the hostfile's `gpu=` first, else NVML's name."""
-    if host.gpu:
-        return catalog.resolve_gpu(host.gpu, "gpu").name
+    if host.gpu:  # checked at `pool add`; a catalog that later lacks it says so
+        with contextlib.suppress(SpecError):
+            return catalog.resolve_gpu(host.gpu, "gpu").name
+        return f"unknown:{host.gpu}"
     found = catalog.gpu_from_nvml_name(reported)
     return found.name if found else f"unknown:{reported}"
 
