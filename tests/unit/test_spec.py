@@ -200,7 +200,7 @@ def test_unknown_network_lists_allowed() -> None:
 
 def test_unknown_backend_refused() -> None:
     msg = only_problem({"gpu": "cpu", "backend": "kubernetes"}, "backend")
-    assert "'kubernetes' is not allowed; allowed: 'local', 'ray', 'sim' or 'slurm'" in msg
+    assert "'kubernetes' is not allowed; allowed: 'local', 'ray', 'sim', 'slurm' or 'ssh'" in msg
 
 
 def test_unknown_price_book_refused_with_allowed() -> None:
