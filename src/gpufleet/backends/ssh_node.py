@@ -40,7 +40,8 @@ from gpufleet.backends import node_net, node_workdir
 
 FRAME = "\x1egpufleet-file "  # starts a line that carries a file back, not a log line
 MAX_FILE_BYTES = 4 * 2**20  # a file larger than this comes back as its last 4 MiB
-SILENT_S = 10.0  # the driver sends a line every second; this long without one: it is gone
+SILENT_S = 20.0  # the driver sends a line every second; this long without one: it is gone
+#                 (generous: a driver on a loaded machine may stall for seconds)
 SETUP_FAILED_EXIT = 78  # EX_CONFIG: the job's setup command failed on this node
 POLL_S = 0.2
 
