@@ -1,13 +1,10 @@
 """What a Ray pool whose nodes are other machines needs from the driver and the node agent:
-Pythons compared by major.minor, a version mismatch said in one line, and the workers'
-interface chosen from the node's own address (pure pieces; the run is
-tests/integration/test_ray_machines.py)."""
+Pythons compared by major.minor and a version mismatch said in one line (pure pieces; the
+run is tests/integration/test_ray_machines.py; the workers' interface is node_net's,
+tests/unit/test_node_net.py)."""
 
 from __future__ import annotations
 
-import os
-
-from gpufleet.backends.node_driver import iface_env
 from gpufleet.backends.ray import MATCH_LEVEL_ENV, init_error_line, version_env
 
 MISMATCH = """Version mismatch: The cluster was started with:
@@ -35,43 +32,3 @@ def test_a_version_mismatch_is_one_line_with_both_sides() -> None:
 def test_other_failures_keep_their_first_line_and_the_hint() -> None:
     assert init_error_line("h:1", "Connection refused\nmore", "(hint)") == \
         "pool: cannot reach the Ray cluster at h:1: Connection refused (hint)"
-
-
-ARGV = ["{python}", "-m", "torch.distributed.run", "--local-addr", "169.254.9.12", "x.py"]
-IFACES = {"lo": ["127.0.0.1"], "eth0": ["169.254.9.12", "fe80::1"], "docker0": ["172.17.0.1"]}
-
-
-def test_the_workers_use_the_interface_holding_the_nodes_address() -> None:
-    assert iface_env(ARGV, {}, {}, IFACES) == {"GLOO_SOCKET_IFNAME": "eth0",
-                                               "NCCL_SOCKET_IFNAME": "eth0"}
-
-
-def test_loopback_nodes_use_lo_and_what_the_job_or_node_set_is_kept() -> None:
-    loop = [*ARGV[:4], "127.0.43.2", "x.py"]
-    assert iface_env(loop, {}, {}, IFACES)["GLOO_SOCKET_IFNAME"] == "lo"
-    assert iface_env(ARGV, {"GLOO_SOCKET_IFNAME": "ib0"}, {"NCCL_SOCKET_IFNAME": "ib0"},
-                     IFACES) == {}
-
-
-def test_no_interface_is_named_when_none_holds_the_address() -> None:
-    assert iface_env(ARGV, {}, {}, {"lo": ["127.0.0.1"]}) == {}
-    assert iface_env(["python", "x.py", "--local-addr"], {}, {}, IFACES) == {}
-
-
-def test_the_driver_takes_sigterm_back_as_a_stop_request() -> None:
-    """ray.init puts in a SIGTERM handler that ends the driver at once; `catch_stop` (called
-    again after it) makes SIGTERM a request the watch answers by ending the nodes cleanly."""
-    import signal
-
-    from gpufleet.backends.ray_run import Driver
-
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    try:
-        driver = Driver({"nodes": []})
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as if another handler had replaced ours
-        driver.catch_stop()
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert driver.stop_asked
-    finally:
-        signal.signal(signal.SIGTERM, before[0])
-        signal.signal(signal.SIGINT, before[1])

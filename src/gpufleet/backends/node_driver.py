@@ -32,11 +32,10 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpufleet.backends import keeper
+from gpufleet.backends import keeper, node_net
 from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.reportauth import Signer, signer_from_env
 from gpufleet.telemetry import wire
@@ -66,7 +65,9 @@ class NodeAgent:
         if argv and argv[0] == "{python}":
             argv = [sys.executable, *argv[1:]]  # this node's interpreter, not the driver's
         self.signer = signer_from_env(env)
-        env = {**env, **iface_env(argv, env, os.environ, _if_addrs())}
+        # the workers' interface, and a head that cannot be reached said now (node_net.py):
+        # RendezvousUnreachableError before any worker starts
+        env = {**env, **node_net.prepare(self.node, env, os.environ)}
         # the lifeline's write end stays open in this actor process for as long as it lives
         self.proc, self.lifeline = keeper.spawn(argv, {**os.environ, **env}, cwd)
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -140,29 +141,6 @@ class NodeAgent:
                                     (host, int(port)))
         except Exception:  # see the docstring
             return
-
-
-IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-
-
-def iface_env(argv: list[str], env: Mapping[str, str], node_env: Mapping[str, str],
-              if_addrs: Mapping[str, list[str]]) -> dict[str, str]:
-    """GLOO/NCCL_SOCKET_IFNAME for the interface holding this node's address (torchrun's
-    `--local-addr`), for those neither the job nor the node set. Without them gloo binds to
-    what the host's name resolves to, often 127.0.0.1 or 127.0.1.1 on a real machine: the
-    peers on other machines are then told to connect to their own loopback."""
-    addr = argv[argv.index("--local-addr") + 1] if "--local-addr" in argv[:-1] else ""
-    found = "lo" if addr.startswith("127.") else next(
-        (name for name, addrs in sorted(if_addrs.items()) if addr and addr in addrs), None)
-    if found is None:
-        return {}
-    return {k: found for k in IFNAME_VARS if k not in env and k not in node_env}
-
-
-def _if_addrs() -> dict[str, list[str]]:
-    import psutil
-
-    return {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
 
 
 def tag(node: str, line: str) -> str:

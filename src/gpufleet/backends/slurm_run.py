@@ -35,6 +35,7 @@ from gpufleet.backends import node_workdir, slurm_travel, workdir_ship
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
 from gpufleet.backends.node_driver import NodeAgent, NodeDriver, tag
+from gpufleet.backends.node_net import RendezvousUnreachableError
 from gpufleet.reportauth import KEY_ENV
 
 PLACE_FAILED_EXIT = 70  # the workdir could not be shipped (as ray_run's agents not placed)
@@ -243,7 +244,11 @@ def _run_node(plan: dict[str, Any], n: dict[str, Any]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     key = {KEY_ENV: os.environ[KEY_ENV]} if KEY_ENV in os.environ else {}
-    agent.start(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"])
+    try:
+        agent.start(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"])
+    except RendezvousUnreachableError as exc:
+        _print([f"RendezvousUnreachableError: {exc}"])
+        return 1
     while True:
         if stopping.is_set():
             agent.stop(grace_s=8.0)

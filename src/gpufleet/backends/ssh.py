@@ -19,6 +19,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -152,9 +153,16 @@ class SshBackend(DriverProcs):
 
     # -- runs -----------------------------------------------------------------------------------
     def prepare(self, run: RunRequest) -> Prepared:
-        from gpufleet.backends import ssh_run  # type: ignore[attr-defined, unused-ignore]
+        from gpufleet.backends import ssh_plan
 
-        return ssh_run.prepare(self, run)  # type: ignore[no-any-return, unused-ignore]
+        return ssh_plan.prepare(self, run)
+
+    def sees(self, node_ids: Sequence[str], path: Path, content: str,
+             ref: str = "") -> dict[str, bool]:
+        """shipping.SharesFiles: whether each host reads exactly `content` at `path`."""
+        from gpufleet.backends import ssh_plan
+
+        return ssh_plan.sees(self, node_ids, path, content)
 
     def node_lost(self, code: int, lines: list[str]) -> str | None:
         """The driver exits NODE_LOST_EXIT after a line `NodeLostError: ...`."""

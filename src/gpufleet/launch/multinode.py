@@ -39,7 +39,10 @@ def plan(spec: JobSpec, layout: Layout, placements: list[Placement], nodes: dict
         cmd = frameworks.build(spec, layout, p, node_ctx, port=port, rdzv=rdzv)
         # GPUFLEET_NODE: the node's name in the cluster (ssh, log lines); GPUFLEET_NODE_ID: the
         # pool's node (`pool list`), which the ranks' reports and device samples are labelled with
-        env = {**cmd.env, "GPUFLEET_NODE": name, NODE_ENV: p.node_id, **user_env}
+        # GPUFLEET_RDZV_ENDPOINT: where the node's agent checks it reaches the head, and the
+        # route it picks the workers' interface by (backends/node_net.py)
+        env = {**cmd.env, "GPUFLEET_NODE": name, NODE_ENV: p.node_id,
+               "GPUFLEET_RDZV_ENDPOINT": f"{head}:{port}", **user_env}
         if loopback:  # nodes on 127.x addresses of one machine: gloo's pairs stay on lo
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         on_cpu = env.get("GPUFLEET_DEVICE") == "cpu"

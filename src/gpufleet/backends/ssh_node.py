@@ -1,0 +1,263 @@
+"""The node side of a run on an SSH pool: what `PYTHON -m gpufleet.backends.ssh_node ...` does
+on a host, started over ssh by the driver (backends/ssh_run.py).
+
+A host of an SSH pool shares nothing with the submitter: not the job folder, not the workdir,
+not gpufleet's own files. So the node keeps its own copies, under `~/.cache/gpufleet` on the
+node, and the driver maps paths both ways:
+
+- `has DIGEST`: one JSON line: this node's gpufleet version, whether torch imports (and its
+  version), and whether the workdir DIGEST is already placed (then nothing is shipped);
+- `put DIGEST`: a tar of the workdir on stdin, unpacked into `workdirs/DIGEST`;
+- `run`: the node's plan entry and the job's secrets (the report key) as one JSON line on stdin,
+  never on a command line (`ps` on the node shows none). The submitter's job folder becomes
+  `jobs/JOB` on the node and the submitter's workdir the placed copy, in argv, environment and
+  folder; the job's `setup` runs once per workdir digest; then the node's torchrun runs under
+  the same `NodeAgent` as on Ray and Slurm (keeper, signed device samples), its lines on stdout.
+  The rest of stdin is the driver's heartbeat: a `stop` line ends torchrun gracefully; EOF (the
+  driver or its connection gone), or no line for `SILENT_S`, ends it too, so no worker outlives a
+  killed driver or a dropped connection. When torchrun has ended, the files it wrote under the
+  job folder's `torchrun/` (per-rank logs, error records) go back to the driver as framed lines
+  (`frame`), and the node's job folder goes (the workdir too, on the job's last run, unless
+  `keep_workdir`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from gpufleet.backends import node_net, node_workdir
+
+FRAME = "\x1egpufleet-file "  # starts a line that carries a file back, not a log line
+MAX_FILE_BYTES = 4 * 2**20  # a file larger than this comes back as its last 4 MiB
+SILENT_S = 20.0  # the driver sends a line every second; this long without one: it is gone
+#                 (generous: a driver on a loaded machine may stall for seconds)
+SETUP_FAILED_EXIT = 78  # EX_CONFIG: the job's setup command failed on this node
+POLL_S = 0.2
+
+
+def cache_root() -> Path:
+    return Path.home() / ".cache" / "gpufleet"
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+def remap(text: str, pairs: list[tuple[str, str]]) -> str:
+    """`text` with each path `a` of `pairs` replaced by `b` where it starts a path (the whole
+    value, or followed by `/`, `:` or the end; preceded by the start, `=` or `:`)."""
+    for a, b in pairs:
+        if not a or a == b:
+            continue
+        text = re.sub(r"(^|[=:])" + re.escape(a) + r"(?=$|[/:])",
+                      r"\g<1>" + b.replace("\\", "\\\\"), text)
+    return text
+
+
+def map_entry(entry: dict[str, Any], pairs: list[tuple[str, str]],
+              ) -> tuple[list[str], dict[str, str], str]:
+    """A plan entry's argv, environment and folder with the submitter's paths made the node's."""
+    return ([remap(a, pairs) for a in entry["argv"]],
+            {k: remap(v, pairs) for k, v in entry["env"].items()},
+            remap(entry["cwd"], pairs))
+
+
+def frame(rel: str, data: bytes) -> str:
+    """One line carrying a file (its path relative to the job folder) back to the driver."""
+    return FRAME + json.dumps({"path": rel, "b64": base64.b64encode(data).decode()})
+
+
+def unframe(line: str) -> tuple[str, bytes] | None:
+    """The (relative path, content) a framed line carries; None for a log line. A path that
+    would leave the job folder (absolute, `..`) is refused as None."""
+    if not line.startswith(FRAME):
+        return None
+    try:
+        rec = json.loads(line[len(FRAME):])
+        rel, data = str(rec["path"]), base64.b64decode(rec["b64"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    if rel.startswith("/") or ".." in Path(rel).parts:
+        return None
+    return rel, data
+
+
+# -- the node's folders -------------------------------------------------------------------------
+def job_dir_of(job: str) -> Path:
+    return cache_root() / "jobs" / job.replace("/", "_")
+
+
+def has(digest: str) -> dict[str, Any]:
+    """What the driver checks before any worker starts."""
+    import gpufleet
+
+    out: dict[str, Any] = {"version": gpufleet.__version__, "python": sys.executable,
+                           "has": bool(digest) and node_workdir.has(node_workdir.cache_root(),
+                                                                    digest)}
+    try:
+        import torch
+
+        out["torch"] = str(torch.__version__)
+    except Exception as exc:  # any import failure is the node's answer, not ours to raise
+        out["torch"] = None
+        out["torch_error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def put(digest: str, stream: IO[bytes]) -> int:
+    """Place the workdir tar from `stream` in the node's cache (node_workdir: unpacked into a
+    temp sibling, then renamed); the bytes received."""
+    data = stream.read()  # at most the upload cap (100 MB by default)
+    node_workdir.place(node_workdir.cache_root(), digest, io.BytesIO(data), "", _say)
+    return len(data)
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def send_back(node_job: Path, out: IO[str]) -> int:
+    """Every file torchrun wrote under the node's job folder (`torchrun/`: per-rank logs, error
+    records) as framed lines; how many."""
+    n = 0
+    base = node_job / "torchrun"
+    for path in sorted(base.rglob("*")) if base.is_dir() else []:
+        if not path.is_file() or path.is_symlink():
+            continue
+        with contextlib.suppress(OSError), path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - MAX_FILE_BYTES))
+            out.write(frame(path.relative_to(node_job).as_posix(), f.read()) + "\n")
+            n += 1
+    out.flush()
+    return n
+
+
+# -- run ----------------------------------------------------------------------------------------
+def run(order: dict[str, Any], stdin: IO[str]) -> int:
+    from gpufleet.backends.node_driver import NodeAgent
+
+    entry = order["node"]
+    import gpufleet
+
+    digest = order.get("digest") or ""
+    job = job_dir_of(order["job"])
+    job.mkdir(parents=True, exist_ok=True)
+    for name, content in entry.get("files", {}).items():  # framework configs (ds_config.json)
+        (job / Path(name).name).write_text(content)
+    root = node_workdir.cache_root()
+    placed = root / digest if digest else Path(order["maps"]["workdir"])
+    pairs = [(order["maps"]["job_dir"], str(job)), (order["maps"]["workdir"], str(placed)),
+             (order["maps"]["gpufleet"], str(Path(gpufleet.__file__).parent))]
+    argv, env, cwd = map_entry(entry, pairs)
+    code = 1
+    job_ends = threading.Event()
+    try:
+        if digest:
+            try:
+                node_workdir.place(root, digest, None, order.get("setup") or "",
+                                   lambda ln: _say(f"setup: {ln}"),
+                                   node=f"{entry['name']} ({entry['node_id']})", user=order["job"])
+            except (node_workdir.SetupFailed, node_workdir.WorkdirMissing) as exc:
+                _say(f"NodeSetupError: {exc}")
+                code = SETUP_FAILED_EXIT
+                return code
+        agent = NodeAgent(entry["node_id"], order["report_addr"])
+        stop = _watch(stdin, job_ends)
+        try:
+            agent.start(argv, {**env, **order.get("secrets", {})}, cwd, entry["sampling"])
+        except node_net.RendezvousUnreachableError as exc:
+            _say(f"RendezvousUnreachableError: {exc}")
+            return code
+        while True:
+            if stop.is_set():
+                agent.stop(grace_s=8.0)
+                _print(agent.drain()[0], pairs)
+                code = 143
+                break
+            lines, ended = agent.drain()
+            _print(lines, pairs)
+            if ended is not None:
+                code = ended
+                break
+            time.sleep(POLL_S)
+        send_back(job, sys.stdout)
+        return code
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+        # the job's last run (it succeeded, was stopped, or has no restart left): its copy goes
+        if digest and not order.get("keep_workdir") and (
+                order.get("final") or code == 0 or job_ends.is_set()):
+            node_workdir.remove(root, digest, user=order["job"])
+
+
+def _watch(stdin: IO[str], job_ends: threading.Event) -> threading.Event:
+    """Set when the driver asks to stop, is gone (EOF), or has been silent for SILENT_S.
+    `job_ends` is set too when the stop ends the job (`stop job`: the user stopped it), not
+    only this run (`stop`: a peer failed, the job may restart here)."""
+    stop = threading.Event()
+    last = [time.monotonic()]
+
+    def read() -> None:
+        for line in iter(stdin.readline, ""):
+            last[0] = time.monotonic()
+            if line.startswith("stop"):
+                if line.strip() == "stop job":
+                    job_ends.set()
+                break
+        stop.set()
+
+    def silent() -> None:
+        while not stop.wait(1.0):
+            if time.monotonic() - last[0] > SILENT_S:
+                stop.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    threading.Thread(target=silent, daemon=True).start()
+    return stop
+
+
+def _print(lines: list[str], pairs: list[tuple[str, str]]) -> None:
+    """torchrun's lines, with node paths (`error_file: PATH`) as the submitter's."""
+    back = [(b, a) for a, b in pairs]
+    for ln in lines:
+        sys.stdout.write(_unmap_line(ln, back) + "\n")
+    sys.stdout.flush()
+
+
+def _unmap_line(line: str, back: list[tuple[str, str]]) -> str:
+    for a, b in back:
+        if a and a != b:
+            line = re.sub(re.escape(a) + r"(?=$|[/:\s])", b.replace("\\", "\\\\"), line)
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    verb = args[0] if args else ""
+    if verb == "has":
+        print(json.dumps(has(args[1] if len(args) > 1 else "")), flush=True)
+        return 0
+    if verb == "put":
+        print(json.dumps({"bytes": put(args[1], sys.stdin.buffer)}), flush=True)
+        return 0
+    if verb == "run":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ended through stdin, not by signals
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        order = json.loads(sys.stdin.readline())
+        return run(order, sys.stdin)
+    print(f"usage: python -m gpufleet.backends.ssh_node has|put|run; got {verb!r}",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
