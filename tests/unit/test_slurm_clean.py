@@ -71,14 +71,17 @@ def test_the_clean_up_step_covers_the_shipped_nodes_not_lost() -> None:
 def test_the_clean_up_line_says_what_each_node_did_or_warns() -> None:
     d = "cd" * 32
     out = "gpufleet-clean w2 removed\ngpufleet-clean w1 in use\n"
-    assert slurm_clean.report(d, ["w1", "w2"], 0, out) == \
-        "workdir cdcdcdcdcdcd clean-up: w1 in use, w2 removed"
-    late = slurm_clean.report(d, ["w1", "w2"], None, "gpufleet-clean w1 removed\n")
-    assert late.startswith("warning: workdir cdcdcdcdcdcd clean-up timed out after 30s; "
-                           "no answer from w2; done: w1 removed")
-    failed = slurm_clean.report(d, ["w1"], 1, "srun: error: Unable to create step\n")
-    assert failed == ("warning: workdir cdcdcdcdcdcd clean-up exit 1; no answer from w1: "
+    assert slurm_clean.report(d, ["w1", "w2"], 0, out, 1.26) == \
+        "workdir cdcdcdcdcdcd clean-up in 1.3s: w1 in use, w2 removed"
+    late = slurm_clean.report(d, ["w1", "w2"], None, "gpufleet-clean w1 removed\n", 30.0)
+    assert late == ("warning: workdir cdcdcdcdcdcd clean-up timed out after 30s (30.0s); "
+                    "no answer from w2; done: w1 removed")
+    failed = slurm_clean.report(d, ["w1"], 1, "srun: error: Unable to create step\n", 0.4)
+    assert failed == ("warning: workdir cdcdcdcdcdcd clean-up exit 1 (0.4s); no answer from w1: "
                       "srun: error: Unable to create step")
+    # a node that answered but the step failed (another node's srun error): still a warning
+    assert slurm_clean.report(d, ["w1"], 1, "gpufleet-clean w1 removed\n", 2.0) == (
+        "warning: workdir cdcdcdcdcdcd clean-up exit 1 (2.0s); done: w1 removed")
     assert "Error:" not in failed.split(":")[0]  # never read as the run's reason
 
 

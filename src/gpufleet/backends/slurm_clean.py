@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -69,20 +70,20 @@ def outcomes(output: str) -> dict[str, str]:
     return found
 
 
-def report(digest: str, asked: list[str], code: int | None, output: str) -> str:
-    """The run's log line for the clean-up (pure): what each node did, or a warning naming the
-    nodes that did not answer. `code` None: the step timed out."""
+def report(digest: str, asked: list[str], code: int | None, output: str, took_s: float) -> str:
+    """The run's log line for the clean-up (pure): what each node did and how long the step
+    took, or a warning naming the nodes that did not answer. `code` None: it timed out."""
     said = outcomes(output)
     done = ", ".join(f"{n} {said[n]}" for n in sorted(said))
     missing = [n for n in asked if n not in said]
     if code == 0 and not missing:
-        return f"workdir {digest[:12]} clean-up: {done}"
+        return f"workdir {digest[:12]} clean-up in {took_s:.1f}s: {done}"
     why = (f"timed out after {CLEAN_TIMEOUT_S:.0f}s" if code is None else f"exit {code}")
     tail = " | ".join(ln.strip() for ln in output.splitlines() if ln.strip()
                       and not ln.startswith(MARK))[-300:]
-    return (f"warning: workdir {digest[:12]} clean-up {why}; no answer from "
-            f"{', '.join(missing) or 'none'}" + (f"; done: {done}" if done else "")
-            + (f": {tail}" if tail else ""))
+    return (f"warning: workdir {digest[:12]} clean-up {why} ({took_s:.1f}s)"
+            + (f"; no answer from {', '.join(missing)}" if missing else "")
+            + (f"; done: {done}" if done else "") + (f": {tail}" if tail else ""))
 
 
 def clean(plan: dict[str, Any], node_plans: Mapping[int, Path], lost: set[str],
@@ -97,6 +98,7 @@ def clean(plan: dict[str, Any], node_plans: Mapping[int, Path], lost: set[str],
     # the nodes answer with their Slurm node names; the log names them as the cluster does
     names = {n["node_id"]: n["name"] for n in plan["nodes"]}
     code: int | None
+    started = time.monotonic()
     try:
         done = subprocess.run(argv, env=dict(env), capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, timeout=CLEAN_TIMEOUT_S)
@@ -106,7 +108,7 @@ def clean(plan: dict[str, Any], node_plans: Mapping[int, Path], lost: set[str],
     except OSError as exc:
         code, output = 127, str(exc)
     renamed = "\n".join(_renamed(ln, names) for ln in output.splitlines())
-    say(report(plan["travel"]["digest"], asked, code, renamed))
+    say(report(plan["travel"]["digest"], asked, code, renamed, time.monotonic() - started))
 
 
 def _text(data: bytes | str | None) -> str:
