@@ -12,7 +12,9 @@ not see the job folder, the plan and the workdir reach it by `sbcast` (slurm_tra
 The watch over the nodes is `node_driver.NodeDriver`'s, as for Ray (every line tagged with its
 node, fail fast, exit 0 when every node's torchrun did). A node is lost when srun says `Node
 failure on NODE`, Slurm marks it down, or its step does not answer; ending the nodes is
-SIGTERM through srun, then `scancel` of what is left.
+SIGTERM through srun, then `scancel` of what is left. After the run, however it ended, one
+clean-up step removes a shipped workdir from the nodes (slurm_clean: a killed step never ran
+its own).
 """
 
 from __future__ import annotations
