@@ -8,9 +8,10 @@ do not see), in a private $HOME, on two machines: its workdir travels by sbcast,
 the machines' own node environment (`pool add slurm --python`), its logs and progress come back
 here. A machine is killed mid-job: the run fails naming the lost node and heals on the third
 machine from `--checkpoint-to` (a folder outside what the machines hide, as a file system all
-nodes mount would be). `stop` then leaves no process of the job on any machine, and the
-Slurm's `down` no process at all. (The shipped copy in a node's cache outlives a stopped run:
-srun's SIGTERM kills the step before the node's clean-up; not asserted here.)
+nodes mount would be). The shipped copy lands in each node's cache under the node user's own
+home (not the submitter's $HOME, which srun carries). `stop` then leaves no process of the job
+and no shipped file on any machine (the driver's clean-up step after the run; srun's SIGTERM
+kills the node's own step before its clean-up), and the Slurm's `down` no process at all.
 
 The module uses the machines `.ci/run` started ($GPUFLEET_TEST_MACHINES; tests/integration/
 machines.py) and starts its own Slurm on them, stopped at the end; a machine it kills is
@@ -107,6 +108,14 @@ def _metric_times(home: Path, job: str, after: float) -> list[float]:
     return [t for (t,) in rows]
 
 
+def _shipped(machines: Machines, name: str, cache: str) -> list[str]:
+    """What a run's shipping left on the machine: entries of the node's workdir cache, and the
+    tar and plan `sbcast` put on its /tmp."""
+    listed = machines.run(name, f"ls -A {cache} 2>/dev/null; ls -d /tmp/gpufleet-* 2>/dev/null",
+                          check=False)
+    return listed.stdout.split()
+
+
 def test_a_job_from_a_folder_only_here_runs_on_two_machines_and_heals_a_killed_one(
         lab: tuple[Machines, Path], tmp_path: Path) -> None:
     machines, state = lab
@@ -173,8 +182,12 @@ def test_a_job_from_a_folder_only_here_runs_on_two_machines_and_heals_a_killed_o
                          r"(\S+)", log)
         assert {(r, n) for r, n, *_ in ran} == {("0", first), ("1", second), ("1", third)}, log
         node_env = machines.python("m1").removesuffix("/bin/python")
+        # the nodes' cache is under their user's own home, whatever $HOME the submitter has
+        node_home = machines.run("m1", "getent passwd \"$(id -un)\" | cut -d: -f6").stdout.strip()
+        cache = f"{node_home}/.cache/gpufleet/workdirs"
+        assert node_home and not node_home.startswith(env["HOME"]), node_home
         for _, _, where, python, package in ran:
-            assert not where.startswith(str(project)) and "/gpufleet/workdirs/" in where, ran
+            assert where.startswith(f"{cache}/"), (cache, ran)
             assert python.startswith(node_env) and package.startswith(node_env), ran
         resumed = re.findall(r"rank 1 on (n\d) resumes at step (\d+)", log)
         assert resumed[0] == (second, "1") and resumed[1][0] == third, resumed
@@ -190,6 +203,16 @@ def test_a_job_from_a_folder_only_here_runs_on_two_machines_and_heals_a_killed_o
         live = [node_of[first], node_of[third]]
         _eventually("nothing of the job left on the machines",
                     lambda: not any(set(machines.pids(m)) - daemons for m in live), 120)
+        # ...and no shipped copy, setup marker, tar or plan: the clean-up step removed them
+        # (the first run's lost machine was killed; only its survivor was asked)
+        _eventually("no shipped file left on the machines",
+                    lambda: not any(_shipped(machines, m, cache) for m in live), 60)
+        log = ok("logs", "j")
+        cleaned = re.findall(r"workdir \w+ clean-up in ([\d.]+)s: (.*)", log)
+        print(f"clean-up steps: {cleaned}")
+        cleaned = [outcome for _, outcome in cleaned]
+        assert len(cleaned) == 2 and re.fullmatch(r"head (removed|absent)", cleaned[0]), log
+        assert re.fullmatch(r"head (removed|absent), worker1 (removed|absent)", cleaned[1]), log
     finally:
         fleet.cleanup()
         shutil.rmtree(durable, ignore_errors=True)

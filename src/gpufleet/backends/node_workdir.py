@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import pwd
 import shutil
 import subprocess
 from collections import deque
@@ -52,10 +53,20 @@ class SetupFailed(RuntimeError):
         return SetupFailed, (self.node, self.code, self.tail)
 
 
-def cache_root(env: Mapping[str, str] | None = None) -> Path:
-    """The node's cache of workdirs: $GPUFLEET_WORKDIR_CACHE, else ~/.cache/gpufleet/workdirs."""
+def cache_root(env: Mapping[str, str] | None = None, home: str | None = None) -> Path:
+    """The node's cache of workdirs: $GPUFLEET_WORKDIR_CACHE, else ~/.cache/gpufleet/workdirs.
+    `home`: the node user's own home for `~`, where $HOME is not the node's (a Slurm step's
+    environment is the submitter's: srun carries it); None: $HOME as usual."""
     env = os.environ if env is None else env
-    return Path(env.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
+    value = env.get(CACHE_ENV) or DEFAULT_CACHE
+    if home is not None and (value == "~" or value.startswith("~/")):
+        return Path(home, value[2:])
+    return Path(value).expanduser()
+
+
+def own_home() -> str:
+    """This user's home as the node's password database says, whatever $HOME is."""
+    return pwd.getpwuid(os.getuid()).pw_dir
 
 
 def _checked(digest: str) -> str:

@@ -107,6 +107,17 @@ def sees_step(job_id: str, nodes: list[str], path: str) -> list[str]:
             f"--job-name={PROBE_STEP}", "/bin/sh", "-c", script, "sh", path]
 
 
+CLEAN_STEP = "gpufleet-clean"
+
+
+def clean_step(job_id: str, nodes: list[str], argv: list[str]) -> list[str]:
+    """One step over the allocation's `nodes`, a task on each, running `argv` from `/` (the
+    nodes need not have this machine's folder): a run's clean-up (slurm_clean)."""
+    return ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--overlap", "--quiet",
+            f"--job-name={CLEAN_STEP}", "--chdir=/", *argv]
+
+
 def sbcast(job_id: str, src: str, dest: str) -> list[str]:
     """A file to node-local `dest` on every node of the allocation (Slurm's own broadcast)."""
     return ["sbcast", f"--jobid={job_id}", "--force", src, dest]

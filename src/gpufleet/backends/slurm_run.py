@@ -12,7 +12,9 @@ not see the job folder, the plan and the workdir reach it by `sbcast` (slurm_tra
 The watch over the nodes is `node_driver.NodeDriver`'s, as for Ray (every line tagged with its
 node, fail fast, exit 0 when every node's torchrun did). A node is lost when srun says `Node
 failure on NODE`, Slurm marks it down, or its step does not answer; ending the nodes is
-SIGTERM through srun, then `scancel` of what is left.
+SIGTERM through srun, then `scancel` of what is left. After the run, however it ended, one
+clean-up step removes a shipped workdir from the nodes (slurm_clean: a killed step never ran
+its own).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet.backends import node_workdir, slurm_travel, workdir_ship
+from gpufleet.backends import node_workdir, slurm_clean, slurm_travel, workdir_ship
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
 from gpufleet.backends.node_driver import NodeAgent, NodeDriver, tag
@@ -69,11 +71,26 @@ class Driver(NodeDriver):
         self.env = dict(os.environ)
         if plan.get("slurm_conf"):
             self.env["SLURM_CONF"] = plan["slurm_conf"]
+        # srun carries this environment to the nodes: a node's cache is the node's to choose
+        self.env.pop(node_workdir.CACHE_ENV, None)
         self.steps: list[subprocess.Popen[bytes]] = []
         self.lines: queue.Queue[tuple[int, str]] = queue.Queue()
         self.said: list[tuple[int, str]] = []  # srun's own lines by node, read for failures
         self.how = ""
         self.node_plans = {i: plan_path for i in range(len(self.nodes))}
+        self.lost_ids: set[str] = set()
+
+    def run(self) -> int:
+        """The run, then the clean-up step over the nodes that got a shipped copy (however
+        the run ended: its steps may have been killed before their own clean-up)."""
+        try:
+            return super().run()
+        finally:
+            slurm_clean.clean(self.plan, self.node_plans, self.lost_ids, self.env, self.say)
+
+    def lost(self, text: str, node_ids: set[str]) -> None:
+        self.lost_ids |= node_ids  # no clean-up step for them: their slurmd does not answer
+        super().lost(text, node_ids)
 
     def _travel(self) -> int | None:
         """The workdir before any torchrun (slurm_travel.ship); an exit code if it failed."""
@@ -230,7 +247,7 @@ def node_main(index: int, plan_path: Path) -> int:
     finally:
         if travelled and not plan["workdir"].get("keep"):
             with contextlib.suppress(OSError, ValueError):
-                node_workdir.remove(node_workdir.cache_root(), travelled["digest"],
+                node_workdir.remove(slurm_clean.node_cache(), travelled["digest"],
                                     travelled["user"])
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpufleet.backends import node_workdir, shipping, workdir_ship
+from gpufleet.backends import node_workdir, shipping, slurm_clean, workdir_ship
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.errors import GpufleetError
 from gpufleet.launch import travel
@@ -124,7 +124,7 @@ def placed(plan: dict[str, Any], index: int, out: Callable[[list[str]], None]) -
     travelled, section = plan.get("travel"), plan.get("workdir") or {}
     if not travelled:
         return n
-    root, digest = node_workdir.cache_root(), travelled["digest"]
+    root, digest = slurm_clean.node_cache(), travelled["digest"]
 
     def say(line: str) -> None:
         out([f"setup: {line}"])
