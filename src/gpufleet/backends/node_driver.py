@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import socket
 import subprocess
@@ -33,7 +34,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from gpufleet.backends import keeper, node_net
 from gpufleet.backends.exits import NODE_LOST_EXIT
@@ -141,6 +142,14 @@ class NodeAgent:
                                     (host, int(port)))
         except Exception:  # see the docstring
             return
+
+
+def pump(i: int, out: IO[bytes] | None, into: queue.Queue[tuple[int, str]]) -> None:
+    """A reader thread's loop: node `i`'s output lines, as they come, into the driver's queue
+    (drivers that follow each node through a local process: an srun step, an ssh session)."""
+    assert out is not None
+    for raw in iter(out.readline, b""):
+        into.put((i, raw.decode("utf-8", "replace").rstrip("\n")))
 
 
 def tag(node: str, line: str) -> str:

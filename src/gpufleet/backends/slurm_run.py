@@ -31,12 +31,12 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from gpufleet.backends import node_workdir, slurm_clean, slurm_travel, workdir_ship
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
-from gpufleet.backends.node_driver import NodeAgent, NodeDriver, tag
+from gpufleet.backends.node_driver import NodeAgent, NodeDriver, pump, tag
 from gpufleet.backends.node_net import RendezvousUnreachableError
 from gpufleet.reportauth import KEY_ENV
 
@@ -114,15 +114,10 @@ class Driver(NodeDriver):
                                     stdin=subprocess.DEVNULL, env=self.env,
                                     start_new_session=True)
             self.steps.append(step)
-            threading.Thread(target=self._read, args=(i, step.stdout), daemon=True).start()
+            threading.Thread(target=pump, args=(i, step.stdout, self.lines), daemon=True).start()
         self.say(f"torchrun starting on {len(self.nodes)} node(s) of Slurm job {self.job_id}: "
                  + ", ".join(f"{n['name']} ({n['node_id']})" for n in self.nodes))
         return None
-
-    def _read(self, i: int, out: IO[bytes] | None) -> None:
-        assert out is not None
-        for raw in iter(out.readline, b""):
-            self.lines.put((i, raw.decode("utf-8", "replace").rstrip("\n")))
 
     def _drain(self) -> None:
         while True:

@@ -33,11 +33,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from gpufleet.backends import ssh_conn
 from gpufleet.backends.exits import NODE_LOST_EXIT
-from gpufleet.backends.node_driver import NodeDriver, tag
+from gpufleet.backends.node_driver import NodeDriver, pump, tag
 from gpufleet.backends.ssh_conn import Host
 from gpufleet.backends.ssh_node import unframe
 from gpufleet.backends.ssh_plan import prepare as prepare  # the engine's `prepare` delegates here
@@ -161,7 +161,7 @@ class Driver(NodeDriver):
             proc.stdin.write((json.dumps(order) + "\n").encode())
             proc.stdin.flush()
             self.procs.append(proc)
-            reader = threading.Thread(target=self._read, args=(i, proc.stdout), daemon=True)
+            reader = threading.Thread(target=pump, args=(i, proc.stdout, self.lines), daemon=True)
             reader.start()
             self.readers.append(reader)
         threading.Thread(target=self._beat, daemon=True).start()
@@ -181,11 +181,6 @@ class Driver(NodeDriver):
                     with contextlib.suppress(OSError, ValueError):
                         p.stdin.write(data)
                         p.stdin.flush()
-
-    def _read(self, i: int, out: IO[bytes] | None) -> None:
-        assert out is not None
-        for raw in iter(out.readline, b""):
-            self.lines.put((i, raw.decode("utf-8", "replace").rstrip("\n")))
 
     def _drain(self) -> None:
         while True:
