@@ -365,7 +365,7 @@ def test_a_node_with_another_gpufleet_is_refused_before_any_worker_starts(
     pool.lab.ok("pool", "remove", "old")
 
 
-# ------------------------------------------------------- stop, and a killed driver, side by side
+# --------------------------------------- stop, a killed driver and a cut link: three jobs at once
 
 
 def _driver(lab: Lab, job: str | None = None) -> psutil.Process:
@@ -380,60 +380,73 @@ def _driver(lab: Lab, job: str | None = None) -> psutil.Process:
     raise AssertionError(f"no driver of this fleet is running (job {job})")
 
 
-def test_after_stop_or_a_killed_driver_nothing_of_the_job_is_left_on_any_machine(
-        pool: Pool) -> None:
-    """Two one-machine jobs held after step 1: `stop` ends one; the other's driver is SIGKILLed
-    (its ssh connections stay open), and its machine ends the workers on its own."""
+@dataclass
+class Ended:
+    """Three one-machine jobs held after step 1, each on a machine of its own, ended three ways:
+    `stop`; a SIGKILLed driver (its ssh connections stay open: the machine must end its workers
+    on its own); a cut link (a partition: the driver names the machine, which still runs, hears
+    nothing more and ends the job's processes itself)."""
+
+    on: dict[str, str]  # job -> the machine it ran on
+    were_there: dict[str, bool]  # job -> its processes or copies were on its machine at step 1
+    cut_named_after_s: float  # from the cut to the NodeLostError line in the job's log
+    cut_lost_line: str
+    cut_code: int  # the cut job's `run` exit code
+    cut_workers_left: list[str]  # torch processes on the cut-off machine, still cut off, after
+    left: dict[str, list[str]]  # everything of ours on any machine, after the link is mended
+
+
+@pytest.fixture(scope="module")
+def ended(pool: Pool) -> Ended:
     pool.gates(open_=False)
     jobs = {name: pool.lab.popen("run", "--gpu", "cpu", "--count", "2", "--nodes", "1",
                                  "--name", name, "-y", "train.py", "--", "--max_steps", "3",
-                                 "--gate", GATE) for name in ("held", "orphan")}
+                                 "--gate", GATE) for name in ("held", "orphan", "cut")}
+    cut = ""
     try:
         for name in jobs:
             pool.lab.wait_for_step(name, 1, timeout=RUN_TIMEOUT)
         on = {name: pool.name(pool.plan(name)["nodes"][0]["address"]) for name in jobs}
-        assert on["held"] != on["orphan"]
         left = pool.leftovers()
-        assert left[on["held"]] and left[on["orphan"]]  # the jobs are there now
-        _driver(pool.lab, "orphan").kill()
-        pool.lab.ok("stop", pool.lab.status("held")["cluster"])
-        for job in jobs.values():
-            job.wait(timeout=RUN_TIMEOUT)
-    finally:
-        for job in jobs.values():
-            if job.poll() is None:
-                job.kill()
-    assert pool.wait_clean() == {}
-
-
-def test_a_cut_link_is_named_and_the_cut_off_machine_ends_its_workers_itself(pool: Pool) -> None:
-    """A partition: the driver names the machine within 10 s; the machine, which still runs,
-    hears nothing more from the driver and ends the job's processes on its own."""
-    pool.gates(open_=False)
-    job = pool.lab.popen("run", "--gpu", "cpu", "--count", "4", "--nodes", "2", "--name",
-                         "cut", "-y", "train.py", "--", "--max_steps", "3", "--gate", GATE)
-    cut = ""
-    try:
-        pool.lab.wait_for_step("cut", 1, timeout=RUN_TIMEOUT)
-        cut = pool.name(pool.plan("cut")["nodes"][1]["address"])
+        there = {name: bool(left[machine]) for name, machine in on.items()}
+        cut = on["cut"]
         t0 = time.monotonic()
         pool.hosts.cut(cut)
         while "NodeLostError" not in pool.log("cut") and time.monotonic() - t0 < 60:
             time.sleep(0.1)
         took = time.monotonic() - t0
-        assert took < 10, f"the cut-off machine was named after {took:.1f} s"
-        lost = next(ln for ln in pool.log("cut").splitlines() if "NodeLostError" in ln)
-        assert pool.hosts.address(cut) in lost, lost
-        assert job.wait(timeout=RUN_TIMEOUT) != 0
+        lost = next((ln for ln in pool.log("cut").splitlines() if "NodeLostError" in ln), "")
+        _driver(pool.lab, "orphan").kill()
+        pool.lab.ok("stop", pool.lab.status("held")["cluster"])
+        codes = {name: job.wait(timeout=RUN_TIMEOUT) for name, job in jobs.items()}
         # still cut off: its workers end by themselves (no word from the driver for 20 s)
         deadline = time.monotonic() + 120
-        while [c for c, _ in processes(pool.hosts, cut) if "torch" in c] and \
+        while (workers := [c for c, _ in processes(pool.hosts, cut) if "torch" in c]) and \
                 time.monotonic() < deadline:
             time.sleep(0.5)
-        assert [c for c, _ in processes(pool.hosts, cut) if "torch" in c] == []
     finally:
         if cut:
             pool.hosts.mend(cut)
-        if job.poll() is None:
-            job.kill()
-    assert pool.wait_clean() == {}
+        for job in jobs.values():
+            if job.poll() is None:
+                job.kill()
+    return Ended(on, there, took, lost, codes["cut"], workers, pool.wait_clean())
+
+
+def test_three_jobs_at_once_run_on_a_machine_each(ended: Ended) -> None:
+    assert sorted(ended.on.values()) == ["m1", "m2", "m3"], ended.on
+    assert ended.were_there == {"held": True, "orphan": True, "cut": True}
+
+
+def test_a_cut_link_is_named_and_the_cut_off_machine_ends_its_workers_itself(
+        pool: Pool, ended: Ended) -> None:
+    assert ended.cut_named_after_s < 10, f"named after {ended.cut_named_after_s:.1f} s"
+    assert pool.hosts.address(ended.on["cut"]) in ended.cut_lost_line, ended.cut_lost_line
+    assert ended.cut_code != 0
+    assert ended.cut_workers_left == []
+
+
+def test_after_stop_a_killed_driver_or_a_cut_nothing_is_left_on_any_machine(
+        pool: Pool, ended: Ended) -> None:
+    assert pool.lab.status("held")["status"] == "stopped"
+    assert ended.left == {}
