@@ -33,6 +33,11 @@ RUN_TIMEOUT = 300
 GATE = "/root/gpufleet-test-gate"  # on each machine: the script's ranks wait after step 1 until it exists
 SETTLE_S = 120.0  # a wait for events (a session's sshd ends just after its client), not a verdict
 CACHE = "/root/.cache/gpufleet"  # the node side's copies (backends/ssh_node.py), root's home
+# torch's compile cache, which the workers' `import torch` makes in the machine's /tmp
+TORCH_TMP = "/tmp/torchinductor_root"
+# Where a module could leave a file on a machine (the node environment is the harness's, pruned).
+_FILES = ("find /tmp /var/tmp /dev/shm /root /srv/machine -path /srv/machine/env -prune "
+          "-o -print")
 
 
 class Lab(Fleet):
@@ -91,9 +96,14 @@ class Pool:
             self.hosts.run(name, f"touch {GATE}" if open_ else f"rm -f {GATE}", check=False)
 
 
-def _settled(m: Machines) -> None:
+def _files(m: Machines, name: str) -> set[str]:
+    return set(m.run(name, _FILES).stdout.split("\n")) - {""}
+
+
+def _settled(m: Machines, before: dict[str, set[str]]) -> None:
     """Every machine answers over ssh, runs nothing but its sshd, and its cache holds no
-    workdir or job folder; then the (empty) cache folders this module made are removed."""
+    workdir or job folder; then the (empty) cache folders this module made and torch's cache
+    are removed, and no other file is new on it."""
     deadline = time.monotonic() + SETTLE_S
     for name in m.names:
         while (done := m.ssh(name, "true")).returncode != 0:
@@ -107,12 +117,15 @@ def _settled(m: Machines) -> None:
         left = m.run(name, f"find {CACHE} -mindepth 1 -not -type d 2>/dev/null; "
                            f"find {CACHE} -mindepth 2 -type d 2>/dev/null", check=False).stdout
         assert left.split() == [], f"left in {name}'s cache: {left}"
-        m.run(name, f"rm -rf {CACHE}; rmdir /root/.cache 2>/dev/null; true")
+        m.run(name, f"rm -rf {CACHE} {TORCH_TMP}; rmdir /root/.cache 2>/dev/null; true")
+        new = _files(m, name) - before[name]  # a rebooted machine has fewer, never more
+        assert not new, f"files left on {name}: {sorted(new)}"
 
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     hosts = machines_or_skip()
+    before = {n: _files(hosts, n) for n in hosts.names}
     tmp = tmp_path_factory.mktemp("sshruns")
     durable = Path(tempfile.mkdtemp(prefix="gfsr-", dir="/run"))  # not hidden from the machines
     try:
@@ -125,7 +138,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
         yield Pool(hosts, lab, project, durable)
         left = lab.cleanup()
         assert not left, f"processes left behind on the submitter: {left}"
-        _settled(hosts)
+        _settled(hosts, before)
     finally:
         shutil.rmtree(durable, ignore_errors=True)
 
