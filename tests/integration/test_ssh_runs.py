@@ -1,19 +1,21 @@
-"""Jobs on an SSH pool of hosts that share nothing with the submitter (tests/integration/
-ssh_hosts.py: network + mount namespaces, an sshd each, their own Python), through the real CLI.
+"""Jobs on an SSH pool of the test machines (tests/integration/machines.py: they share nothing
+with the submitter but a link), through the real CLI.
 
-One pool of three hosts for the module; each job is run once and judged by several tests. The
-job's folder exists only here (under /tmp, which the hosts do not see), $HOME is private, and
-the script is an ordinary DDP script that knows nothing of gpufleet, run as 2 hosts x 2 CPU
-workers.
+One pool of the three machines for the module, added from $GPUFLEET_TEST_HOSTFILE; each job is
+run once and judged by several tests. The job's folder exists only here (under /tmp, which the
+machines do not see), $HOME is private, and the script is an ordinary DDP script that knows
+nothing of gpufleet. The machines are shared with the other modules on them: what this module
+kills or cuts it starts or mends in a `finally`, and its end checks that every machine answers
+and that nothing of ours is left on it (no process, no workdir or job folder in its cache).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,13 +24,20 @@ from typing import Any
 
 import psutil
 import pytest
-import ssh_hosts
 from fleet_helpers import WORKERS, Fleet
+from machines import Machines, machines_or_skip
 
 from gpufleet.reportauth import KEY_ENV
 
 RUN_TIMEOUT = 300
-GATE = "/root/gpufleet-test-gate"  # on each host: the script's ranks wait after step 1 until it exists
+GATE = "/root/gpufleet-test-gate"  # on each machine: the script's ranks wait after step 1 until it exists
+SETTLE_S = 120.0  # a wait for events (a session's sshd ends just after its client), not a verdict
+CACHE = "/root/.cache/gpufleet"  # the node side's copies (backends/ssh_node.py), root's home
+# torch's compile cache, which the workers' `import torch` makes in the machine's /tmp
+TORCH_TMP = "/tmp/torchinductor_root"
+# Where a module could leave a file on a machine (the node environment is the harness's, pruned).
+_FILES = ("find /tmp /var/tmp /dev/shm /root /srv/machine -path /srv/machine/env -prune "
+          "-o -print")
 
 
 class Lab(Fleet):
@@ -40,13 +49,13 @@ class Lab(Fleet):
 
 @dataclass
 class Pool:
-    hosts: ssh_hosts.Hosts
+    hosts: Machines
     lab: Lab
     project: Path
-    durable: Path  # a folder all hosts see, for --checkpoint-to
+    durable: Path  # a folder all machines and the submitter see, for --checkpoint-to
 
-    def index(self, address: str) -> int:
-        return int(address.rsplit(".", 1)[1]) - 10
+    def name(self, address: str) -> str:
+        return next(n for n, a in self.hosts.addresses.items() if a == address)
 
     def plan(self, job: str) -> dict[str, Any]:
         return json.loads((self.lab.home / "jobs" / job / "ssh-plan.json").read_text())
@@ -54,22 +63,20 @@ class Pool:
     def log(self, job: str) -> str:
         return (self.lab.home / "jobs" / job / "logs" / "agent.log").read_text(errors="replace")
 
-    def leftovers(self) -> dict[int, list[str]]:
-        """Per host, its processes of gpufleet or torch, and the job folders and workdir copies
-        left in its cache."""
+    def leftovers(self) -> dict[str, list[str]]:
+        """Per machine, its processes of gpufleet or torch, and the job folders and workdir
+        copies left in its cache."""
         out = {}
-        for k in range(1, self.hosts.count + 1):
-            if not self.hosts.pids(k):
-                continue  # a killed host
-            left = [cmd for cmd, _ in processes(self.hosts, k)
+        for name in self.hosts.names:
+            left = [cmd for cmd, _ in processes(self.hosts, name)
                     if "gpufleet" in cmd or "torch" in cmd]
-            for sub in ("workdirs", "jobs"):
-                r = self.hosts.run(k, f"ls -A ~/.cache/gpufleet/{sub} 2>/dev/null")
-                left += [f"{sub}/{name}" for name in r.stdout.split()]
-            out[k] = left
+            r = self.hosts.run(name, f"cd {CACHE} 2>/dev/null && ls -A workdirs jobs 2>/dev/null",
+                               check=False)
+            left += [ln for ln in r.stdout.split() if ln and not ln.endswith(":")]
+            out[name] = left
         return out
 
-    def wait_clean(self, timeout: float = 60.0) -> dict[int, list[str]]:
+    def wait_clean(self, timeout: float = 60.0) -> dict[str, list[str]]:
         deadline = time.monotonic() + timeout
         while (left := self.leftovers()) and any(left.values()) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -80,44 +87,60 @@ class Pool:
         from gpufleet.backends.ssh import SshBackend
         from gpufleet.backends.ssh_conn import Host, parse_hostfile
 
-        hosts = parse_hostfile(self.hosts.hostfile(), Host(address="defaults"))
+        hosts = parse_hostfile(self.hosts.hostfile.read_text(), Host(address="defaults"))
         return SshBackend("lab", hosts, self.hosts.known_hosts)
 
-    def open_gates(self) -> None:
-        for k in range(1, self.hosts.count + 1):
-            if self.hosts.pids(k):
-                self.hosts.run(k, f"touch {GATE}")
+    def gates(self, open_: bool) -> None:
+        for name in self.hosts.names:
+            # check=False: a machine killed a moment ago has nothing to open (it reboots empty)
+            self.hosts.run(name, f"touch {GATE}" if open_ else f"rm -f {GATE}", check=False)
 
-    def close_gates(self) -> None:
-        for k in range(1, self.hosts.count + 1):
-            if self.hosts.pids(k):
-                self.hosts.run(k, f"rm -f {GATE}")
+
+def _files(m: Machines, name: str) -> set[str]:
+    return set(m.run(name, _FILES).stdout.split("\n")) - {""}
+
+
+def _settled(m: Machines, before: dict[str, set[str]]) -> None:
+    """Every machine answers over ssh, runs nothing but its sshd, and its cache holds no
+    workdir or job folder; then the (empty) cache folders this module made and torch's cache
+    are removed, and no other file is new on it."""
+    deadline = time.monotonic() + SETTLE_S
+    for name in m.names:
+        while (done := m.ssh(name, "true")).returncode != 0:
+            assert time.monotonic() < deadline, f"{name} does not answer: {done.stderr}"
+            time.sleep(0.2)
+    for name in m.names:
+        while left := m.pids(name):
+            assert time.monotonic() < deadline, f"processes left on {name}: {left}"
+            time.sleep(0.2)
+        m.run(name, f"rm -f {GATE}")
+        left = m.run(name, f"find {CACHE} -mindepth 1 -not -type d 2>/dev/null; "
+                           f"find {CACHE} -mindepth 2 -type d 2>/dev/null", check=False).stdout
+        assert left.split() == [], f"left in {name}'s cache: {left}"
+        m.run(name, f"rm -rf {CACHE} {TORCH_TMP}; rmdir /root/.cache 2>/dev/null; true")
+        new = _files(m, name) - before[name]  # a rebooted machine has fewer, never more
+        assert not new, f"files left on {name}: {sorted(new)}"
 
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    why = ssh_hosts.can_run()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI needs the SSH test hosts: {why}")
-        pytest.skip(why)
-    hosts = ssh_hosts.hosts_up(3)
+    hosts = machines_or_skip()
+    before = {n: _files(hosts, n) for n in hosts.names}
     tmp = tmp_path_factory.mktemp("sshruns")
-    durable = Path(hosts.root) / "durable"  # /var/tmp: seen by every host, as a shared disk
-    durable.mkdir()
+    durable = Path(tempfile.mkdtemp(prefix="gfsr-", dir="/run"))  # not hidden from the machines
     try:
         (tmp / "user").mkdir()
         project = tmp / "project"
         project.mkdir()
         shutil.copy(WORKERS / "plain_ddp.py", project / "train.py")
-        (tmp / "hostfile").write_text(hosts.hostfile())
         lab = Lab(tmp / "home", project, slots=2)
-        lab.ok("pool", "add", "ssh", "--name", "lab", "--hostfile", str(tmp / "hostfile"))
+        lab.ok("pool", "add", "ssh", "--name", "lab", "--hostfile", str(hosts.hostfile))
         yield Pool(hosts, lab, project, durable)
         left = lab.cleanup()
         assert not left, f"processes left behind on the submitter: {left}"
+        _settled(hosts, before)
     finally:
-        hosts.down()
+        shutil.rmtree(durable, ignore_errors=True)
 
 
 def said(r: subprocess.CompletedProcess[str]) -> str:
@@ -128,11 +151,11 @@ def _driver_key(lab: Lab) -> str:
     return str(_driver(lab).environ()[KEY_ENV])
 
 
-def processes(hosts: ssh_hosts.Hosts, k: int) -> list[tuple[str, str]]:
-    """(command line, environment) of every process in host k (the hosts share this machine's
-    process table, so they are read here, by the pids in the host's network namespace)."""
+def processes(hosts: Machines, name: str) -> list[tuple[str, str]]:
+    """(command line, environment) of every process of a machine (the machines share this
+    host's process table, so they are read here, by the pids the harness finds for it)."""
     out = []
-    for pid in hosts.pids(k):
+    for pid in hosts.pids(name):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             env = Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b" ").decode()
@@ -142,39 +165,40 @@ def processes(hosts: ssh_hosts.Hosts, k: int) -> list[tuple[str, str]]:
     return out
 
 
-# -------------------------------------- a job on two hosts, one killed mid-job, healed on the third
+# ---------------------------------- a job on two machines, one killed mid-job, healed on the third
 
 
 @dataclass
 class Healed:
-    """What the job `heal` showed: a run on two hosts held after step 1, one host killed, the
-    next run on the survivor and the third host, let go to the end."""
+    """What the job `heal` showed: a run on two machines held after step 1, one machine killed,
+    the next run on the survivor and the third machine, let go to the end."""
 
     code: int
     status: dict[str, Any]
-    first: list[int]  # the hosts of each run, by index
-    second: list[int]
-    victim: int
+    first: list[str]  # the machines of each run, by name
+    second: list[str]
+    victim: str
     named_after_s: float  # from the kill to the NodeLostError line in the job's log
     lost_line: str
-    key_in_workers: bool  # the report key reached the workers' environment on the hosts
+    key_in_workers: bool  # the report key reached the workers' environment on the machines
     key_on_command_lines: list[str]
-    left: dict[int, list[str]]
+    left: dict[str, list[str]]
 
 
 @pytest.fixture(scope="module")
 def healed(pool: Pool) -> Healed:
-    pool.close_gates()
+    pool.gates(open_=False)
     job = pool.lab.popen("run", "--gpu", "cpu", "--count", "4", "--nodes", "2", "--name",
                          "heal", "-y", "--max-restarts", "1", "--checkpoint-to",
                          str(pool.durable / "heal"), "train.py", "--", "--max_steps", "3",
                          "--gate", GATE)
+    victim = ""
     try:
         pool.lab.wait_for_step("heal", 1, timeout=RUN_TIMEOUT)
         first = pool.plan("heal")
-        used = [pool.index(n["address"]) for n in first["nodes"]]
+        used = [pool.name(n["address"]) for n in first["nodes"]]
         key = _driver_key(pool.lab)
-        procs = [p for k in used for p in processes(pool.hosts, k)]
+        procs = [p for name in used for p in processes(pool.hosts, name)]
         victim = used[1]
         t0 = time.monotonic()
         pool.hosts.kill(victim)
@@ -186,21 +210,20 @@ def healed(pool: Pool) -> Healed:
         while pool.plan("heal")["nodes"][0]["env"]["GPUFLEET_RUN"] == "1":
             assert time.monotonic() < deadline, "no second run"
             time.sleep(0.2)
-        second = [pool.index(n["address"]) for n in pool.plan("heal")["nodes"]]
-        pool.open_gates()
+        second = [pool.name(n["address"]) for n in pool.plan("heal")["nodes"]]
+        pool.gates(open_=True)
         code = job.wait(timeout=RUN_TIMEOUT)
     finally:
         if job.poll() is None:
             job.kill()
-        for k in range(1, pool.hosts.count + 1):
-            if not pool.hosts.pids(k):
-                pool.hosts.start(k)  # back for the next tests
+        if victim:
+            pool.hosts.start(victim)  # back for the next tests (a reboot: nothing of ours there)
     return Healed(code, pool.lab.status("heal"), used, second, victim, took, lost,
                   any(key in env for _, env in procs),
                   [cmd for cmd, _ in procs if key in cmd], pool.wait_clean())
 
 
-def test_a_job_from_a_folder_only_here_runs_on_two_hosts(pool: Pool, healed: Healed) -> None:
+def test_a_job_from_a_folder_only_here_runs_on_two_machines(pool: Pool, healed: Healed) -> None:
     status = healed.status
     assert healed.code == 0, status
     assert (status["status"], status["step"], status["world_size"]) == ("succeeded", 3, 4), status
@@ -212,66 +235,72 @@ def test_a_job_from_a_folder_only_here_runs_on_two_hosts(pool: Pool, healed: Hea
 
 
 def test_the_ranks_files_come_back_into_the_job_folder(pool: Pool, healed: Healed) -> None:
-    """torchrun's per-rank files, written on the hosts, are in the submitter's job folder."""
+    """torchrun's per-rank files, written on the machines, are in the submitter's job folder."""
     back = sorted((pool.lab.home / "jobs" / "heal" / "torchrun").glob("heal-2_*/attempt_0/*/"
                                                                       "stdout.log"))
-    assert len(back) == 4, back  # 2 local ranks on each of 2 hosts
-    assert len({f.parents[2] for f in back}) == 2  # one torchrun log folder per host
+    assert len(back) == 4, back  # 2 local ranks on each of 2 machines
+    assert len({f.parents[2] for f in back}) == 2  # one torchrun log folder per machine
     assert any("step 3: loss" in f.read_text() for f in back)
 
 
 def test_the_workdir_goes_only_where_it_is_missing_and_is_removed_after(
         pool: Pool, healed: Healed) -> None:
-    shipped = re.findall(r"workdir \w+: (\d+) bytes shipped to \w+ \(169\.254\.\d+\.1(\d)\)",
+    shipped = re.findall(r"workdir \w+: (\d+) bytes shipped to \S+ \((169\.254\.[\d.]+)\)",
                          pool.log("heal"))
     first, second = shipped[:2], shipped[2:]
-    assert sorted(int(k) for _, k in first) == sorted(healed.first), shipped
+    assert sorted(pool.name(a) for _, a in first) == sorted(healed.first), shipped
     assert all(int(n) > 0 for n, _ in first), shipped
-    # the survivor has it already; the third host gets it
-    assert {int(k): int(n) > 0 for n, k in second} == \
-        {k: k != healed.first[0] for k in healed.second}, shipped
-    assert healed.left == {}, "processes or copies left on the hosts"
+    # the survivor has it already; the third machine (and the rebooted one) gets it
+    assert {pool.name(a): int(n) > 0 for n, a in second} == \
+        {name: name != healed.first[0] for name in healed.second}, shipped
+    assert healed.left == {}, "processes or copies left on the machines"
 
 
-def test_no_command_line_on_a_host_shows_the_jobs_key(healed: Healed) -> None:
+def test_no_command_line_on_a_machine_shows_the_jobs_key(healed: Healed) -> None:
     assert healed.key_in_workers, "the key reached the workers (through stdin, not argv)"
     assert healed.key_on_command_lines == []
 
 
-def test_a_killed_host_is_named_within_10_s_and_the_job_heals_on_the_third(
+def test_a_killed_machine_is_named_within_10_s_and_the_job_heals_on_the_third(
         pool: Pool, healed: Healed) -> None:
-    assert healed.named_after_s < 10, f"the lost host was named after {healed.named_after_s} s"
-    assert pool.hosts.address(healed.victim) in healed.lost_line, healed.lost_line
-    assert sorted(healed.second) == sorted({1, 2, 3} - {healed.victim})
-    assert any(f"node {pool.hosts.address(healed.victim)} lost; replaced by node" in e["reason"]
+    assert healed.named_after_s < 10, f"the lost machine was named after {healed.named_after_s} s"
+    victim = pool.hosts.address(healed.victim)
+    assert victim in healed.lost_line, healed.lost_line
+    assert sorted(healed.second) == sorted(set(pool.hosts.names) - {healed.victim})
+    assert any(f"node {victim} lost; replaced by node" in e["reason"]
                for e in healed.status["events"]), healed.status["events"]
 
 
-def test_the_hosts_see_none_of_the_submitters_files(pool: Pool) -> None:
-    """shipping.SharesFiles for SSH: `cat` over ssh reads the probe file on no host; a file
-    the hosts do share (the harness's folder) is seen."""
+def test_the_machines_see_none_of_the_submitters_files(pool: Pool) -> None:
+    """shipping.SharesFiles for SSH: `cat` over ssh reads the probe file on no machine; a file
+    the machines do share (a folder under /run) is seen."""
     from gpufleet.backends.ssh_plan import sees
 
     engine = pool.engine()
-    ids = [pool.hosts.address(k) for k in (1, 2, 3)]
+    ids = [pool.hosts.address(n) for n in pool.hosts.names]
     probe = pool.project / "probe.txt"
     probe.write_text("only here")
-    assert sees(engine, ids, probe, "only here") == dict.fromkeys(ids, False)
-    shared = Path(pool.hosts.root) / "probe.txt"
-    shared.write_text("on every host")
-    assert sees(engine, ids, shared, "on every host") == dict.fromkeys(ids, True)
-    assert sees(engine, ids, shared, "other content") == dict.fromkeys(ids, False)
+    try:
+        assert sees(engine, ids, probe, "only here") == dict.fromkeys(ids, False)
+        shared = pool.durable / "probe.txt"
+        shared.write_text("on every machine")
+        assert sees(engine, ids, shared, "on every machine") == dict.fromkeys(ids, True)
+        assert sees(engine, ids, shared, "other content") == dict.fromkeys(ids, False)
+    finally:
+        probe.unlink()  # the workdir's digest stays the one the jobs shipped
 
 
-# ----------------------------------------------------------- a job that fails, restarted once
+# ------------------------------------ a job that fails, restarted once; its setup runs once a node
+
+SETUP = "echo set up on $(hostname)"
 
 
 @pytest.fixture(scope="module")
 def boom(pool: Pool) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     r = pool.lab("run", "--gpu", "cpu", "--count", "4", "--nodes", "2", "--name", "boom", "-y",
                  "--max-restarts", "1", "--checkpoint-to", str(pool.durable / "boom"),
-                 "train.py", "--", "--max_steps", "6", "--fail-at", "2", "--fail-rank", "3",
-                 timeout=RUN_TIMEOUT)
+                 "--setup", SETUP, "train.py", "--", "--max_steps", "6", "--fail-at", "2",
+                 "--fail-rank", "3", timeout=RUN_TIMEOUT)
     return r, pool.lab.status("boom")
 
 
@@ -284,86 +313,153 @@ def test_a_failing_ranks_error_record_comes_back(pool: Pool, boom: Any) -> None:
     assert any("boom at step 2 on rank 3" in f.read_text() for f in records), records
 
 
-def test_a_second_run_with_the_same_workdir_ships_nothing(pool: Pool, boom: Any) -> None:
-    shipped = re.findall(r"workdir \w+: (\d+) bytes shipped to (\w+)", pool.log("boom"))
-    assert len(shipped) == 4, shipped  # two runs, two hosts each
+def test_a_second_run_with_the_same_workdir_ships_nothing_and_sets_up_nothing(
+        pool: Pool, boom: Any) -> None:
+    log = pool.log("boom")
+    shipped = re.findall(r"workdir \w+: (\d+) bytes shipped to (\w+)", log)
+    assert len(shipped) == 4, shipped  # two runs, two machines each
     assert [int(n) > 0 for n, _ in shipped[:2]] == [True, True]
     assert [int(n) for n, _ in shipped[2:]] == [0, 0]
-    assert pool.wait_clean() == {}  # the job's last run removed the copies
+    # the setup's output is in the job's log: once on each machine, in the first run only
+    first_run_ends = log.index("0 bytes shipped")  # the second run's first line of it
+    ran = re.findall(r"setup: set up on (m\d)", log)
+    assert sorted(ran) == sorted(set(ran)) and len(ran) == 2, log[-3000:]
+    assert all(log.index(f"setup: set up on {m}") < first_run_ends for m in ran)
+    assert pool.wait_clean() == {}  # the job's last run removed the copies and setup marks
 
 
-# ------------------------------------------------------------------------------ stop
-
-
-def test_after_stop_nothing_of_the_job_is_left_on_any_host(pool: Pool) -> None:
-    pool.close_gates()
-    job = pool.lab.popen("run", "--gpu", "cpu", "--count", "4", "--nodes", "2", "--name",
-                         "held", "-y", "train.py", "--", "--max_steps", "3", "--gate", GATE)
-    try:
-        pool.lab.wait_for_step("held", 1, timeout=RUN_TIMEOUT)
-        assert any(pool.leftovers().values())  # the job is there now
-        pool.lab.ok("stop", pool.lab.status("held")["cluster"])
-        job.wait(timeout=RUN_TIMEOUT)
-    finally:
-        if job.poll() is None:
-            job.kill()
+def test_a_failing_setup_is_the_jobs_reason_naming_the_node(pool: Pool) -> None:
+    r = pool.lab("run", "--gpu", "cpu", "--count", "2", "--nodes", "1", "--name", "nosetup",
+                 "-y", "--setup", "echo missing libfoo >&2; exit 3", "train.py", "--",
+                 "--max_steps", "1", timeout=RUN_TIMEOUT)
+    status = pool.lab.status("nosetup")
+    [node] = pool.plan("nosetup")["nodes"]
+    assert r.returncode != 0 and status["status"] == "failed", said(r)
+    assert re.search(rf"setup failed on \S+ \({re.escape(node['address'])}\) \(exit 3\): "
+                     r"missing libfoo", status["reason"].splitlines()[0]), status["reason"]
+    assert not status.get("step"), status  # no worker ran a step
     assert pool.wait_clean() == {}
 
 
-def _driver(lab: Lab) -> psutil.Process:
+def test_a_node_with_another_gpufleet_is_refused_before_any_worker_starts(
+        pool: Pool, tmp_path: Path) -> None:
+    """A machine whose gpufleet says another version (its own copy, altered; restored after):
+    the run is refused with one line naming the node and both versions, and nothing starts."""
+    m, name = pool.hosts, pool.hosts.names[-1]
+    [line] = [ln for ln in m.hostfile.read_text().splitlines()
+              if ln.split()[:1] == [m.address(name)]]
+    (tmp_path / "hostfile").write_text(line + "\n")
+    pool.lab.ok("pool", "add", "ssh", "--name", "old", "--hostfile", str(tmp_path / "hostfile"),
+                "--no-default")
+    init = m.run(name, [m.python(name), "-c", "import gpufleet; print(gpufleet.__file__)"]
+                 ).stdout.strip()
+    m.run(name, f"cp -p {init} {init}.orig && sed -i 's/^__version__ = .*/__version__ = "
+                '"0.0.1.test"/\' ' + init)
+    try:
+        r = pool.lab("run", "--pool", "old", "--gpu", "cpu", "--count", "2", "--nodes", "1",
+                     "--name", "old", "-y", "train.py", "--", "--max_steps", "1",
+                     timeout=RUN_TIMEOUT)
+    finally:
+        m.run(name, f"mv -f {init}.orig {init}")
+    status = pool.lab.status("old")
+    assert r.returncode != 0 and status["status"] == "failed", said(r)
+    import gpufleet
+
+    said_once = [ln for ln in pool.log("old").splitlines() if "versions differ" in ln]
+    assert len(said_once) == 1, said_once  # one line, and the reason's first line has it
+    assert re.search(rf"gpufleet versions differ: node \S+ \({re.escape(m.address(name))}\) "
+                     rf"has 0\.0\.1\.test \(\S+\), this machine {re.escape(gpufleet.__version__)}",
+                     status["reason"].splitlines()[0]), status["reason"]
+    assert "torchrun starting" not in pool.log("old")
+    folder = pool.lab.home / "jobs" / "old"
+    assert [f.stat().st_size for f in folder.glob("logs/rank*.log")] == [0, 0]  # nothing ran
+    assert not (folder / "torchrun").exists() and not status.get("step"), status
+    assert pool.wait_clean() == {}
+    pool.lab.ok("pool", "remove", "old")
+
+
+# --------------------------------------- stop, a killed driver and a cut link: three jobs at once
+
+
+def _driver(lab: Lab, job: str | None = None) -> psutil.Process:
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if "gpufleet.backends.ssh_run" in " ".join(proc.info["cmdline"] or []) and \
-                    proc.environ().get("GPUFLEET_HOME") == str(lab.home):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "gpufleet.backends.ssh_run" in cmd and (job is None or f"/jobs/{job}/" in cmd) \
+                    and proc.environ().get("GPUFLEET_HOME") == str(lab.home):
                 return proc
         except psutil.Error:
             continue
-    raise AssertionError("no driver of this fleet is running")
+    raise AssertionError(f"no driver of this fleet is running (job {job})")
 
 
-def test_a_cut_link_is_named_and_the_cut_off_host_ends_its_workers_itself(pool: Pool) -> None:
-    """A partition: the driver names the host within 10 s; the host, which still runs, hears
-    nothing more from the driver and ends the job's processes on its own."""
-    pool.close_gates()
-    job = pool.lab.popen("run", "--gpu", "cpu", "--count", "4", "--nodes", "2", "--name",
-                         "cut", "-y", "train.py", "--", "--max_steps", "3", "--gate", GATE)
-    cut = 0
+@dataclass
+class Ended:
+    """Three one-machine jobs held after step 1, each on a machine of its own, ended three ways:
+    `stop`; a SIGKILLed driver (its ssh connections stay open: the machine must end its workers
+    on its own); a cut link (a partition: the driver names the machine, which still runs, hears
+    nothing more and ends the job's processes itself)."""
+
+    on: dict[str, str]  # job -> the machine it ran on
+    were_there: dict[str, bool]  # job -> its processes or copies were on its machine at step 1
+    cut_named_after_s: float  # from the cut to the NodeLostError line in the job's log
+    cut_lost_line: str
+    cut_code: int  # the cut job's `run` exit code
+    cut_workers_left: list[str]  # torch processes on the cut-off machine, still cut off, after
+    left: dict[str, list[str]]  # everything of ours on any machine, after the link is mended
+
+
+@pytest.fixture(scope="module")
+def ended(pool: Pool) -> Ended:
+    pool.gates(open_=False)
+    jobs = {name: pool.lab.popen("run", "--gpu", "cpu", "--count", "2", "--nodes", "1",
+                                 "--name", name, "-y", "train.py", "--", "--max_steps", "3",
+                                 "--gate", GATE) for name in ("held", "orphan", "cut")}
+    cut = ""
     try:
-        pool.lab.wait_for_step("cut", 1, timeout=RUN_TIMEOUT)
-        cut = pool.index(pool.plan("cut")["nodes"][1]["address"])
+        for name in jobs:
+            pool.lab.wait_for_step(name, 1, timeout=RUN_TIMEOUT)
+        on = {name: pool.name(pool.plan(name)["nodes"][0]["address"]) for name in jobs}
+        left = pool.leftovers()
+        there = {name: bool(left[machine]) for name, machine in on.items()}
+        cut = on["cut"]
         t0 = time.monotonic()
         pool.hosts.cut(cut)
         while "NodeLostError" not in pool.log("cut") and time.monotonic() - t0 < 60:
             time.sleep(0.1)
         took = time.monotonic() - t0
-        assert took < 10, f"the cut-off host was named after {took:.1f} s"
-        lost = next(ln for ln in pool.log("cut").splitlines() if "NodeLostError" in ln)
-        assert pool.hosts.address(cut) in lost, lost
-        assert job.wait(timeout=RUN_TIMEOUT) != 0
+        lost = next((ln for ln in pool.log("cut").splitlines() if "NodeLostError" in ln), "")
+        _driver(pool.lab, "orphan").kill()
+        pool.lab.ok("stop", pool.lab.status("held")["cluster"])
+        codes = {name: job.wait(timeout=RUN_TIMEOUT) for name, job in jobs.items()}
         # still cut off: its workers end by themselves (no word from the driver for 20 s)
         deadline = time.monotonic() + 120
-        while [c for c, _ in processes(pool.hosts, cut) if "torch" in c] and \
+        while (workers := [c for c, _ in processes(pool.hosts, cut) if "torch" in c]) and \
                 time.monotonic() < deadline:
             time.sleep(0.5)
-        assert [c for c, _ in processes(pool.hosts, cut) if "torch" in c] == []
     finally:
         if cut:
             pool.hosts.mend(cut)
-        if job.poll() is None:
-            job.kill()
-    assert pool.wait_clean() == {}
+        for job in jobs.values():
+            if job.poll() is None:
+                job.kill()
+    return Ended(on, there, took, lost, codes["cut"], workers, pool.wait_clean())
 
 
-def test_a_killed_driver_leaves_nothing_on_the_hosts(pool: Pool) -> None:
-    pool.close_gates()
-    job = pool.lab.popen("run", "--gpu", "cpu", "--count", "4", "--nodes", "2", "--name",
-                         "orphan", "-y", "train.py", "--", "--max_steps", "3", "--gate", GATE)
-    try:
-        pool.lab.wait_for_step("orphan", 1, timeout=RUN_TIMEOUT)
-        assert any(pool.leftovers().values())
-        _driver(pool.lab).kill()
-        job.wait(timeout=RUN_TIMEOUT)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    assert pool.wait_clean() == {}
+def test_three_jobs_at_once_run_on_a_machine_each(ended: Ended) -> None:
+    assert sorted(ended.on.values()) == ["m1", "m2", "m3"], ended.on
+    assert ended.were_there == {"held": True, "orphan": True, "cut": True}
+
+
+def test_a_cut_link_is_named_and_the_cut_off_machine_ends_its_workers_itself(
+        pool: Pool, ended: Ended) -> None:
+    assert ended.cut_named_after_s < 10, f"named after {ended.cut_named_after_s:.1f} s"
+    assert pool.hosts.address(ended.on["cut"]) in ended.cut_lost_line, ended.cut_lost_line
+    assert ended.cut_code != 0
+    assert ended.cut_workers_left == []
+
+
+def test_after_stop_a_killed_driver_or_a_cut_nothing_is_left_on_any_machine(
+        pool: Pool, ended: Ended) -> None:
+    assert pool.lab.status("held")["status"] == "stopped"
+    assert ended.left == {}
