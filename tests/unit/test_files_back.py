@@ -92,3 +92,12 @@ def test_the_agent_sends_the_files_back_after_the_last_line_once(tmp_path: Path)
         else:
             assert lines == ["last line"]
         assert agent.drain() == ([], 3)  # sent once
+
+
+def test_a_node_without_the_submitters_files_runs_its_own_bootstrap() -> None:
+    from gpufleet.backends.node_driver import own_site
+
+    mine, theirs = "/srv/env/gpufleet/bootstrap/site", "/home/ann/src/gpufleet/bootstrap/site"
+    assert own_site(f"{theirs}:/home/ann/proj", mine, lambda p: False) == f"{mine}:/home/ann/proj"
+    assert own_site(f"{theirs}:/x", mine, lambda p: p == theirs) == f"{theirs}:/x"  # shared
+    assert own_site("/a/site:/b", mine, lambda p: False) == "/a/site:/b"

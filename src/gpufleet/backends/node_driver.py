@@ -33,11 +33,13 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from gpufleet.backends import files_back, keeper, node_net
 from gpufleet.backends.exits import NODE_LOST_EXIT
+from gpufleet.bootstrap import SITE_DIR
 from gpufleet.reportauth import Signer, signer_from_env
 from gpufleet.telemetry import wire
 
@@ -73,6 +75,8 @@ class NodeAgent:
         if argv and argv[0] == "{python}":
             argv = [sys.executable, *argv[1:]]  # this node's interpreter, not the driver's
         self.signer = signer_from_env(env)
+        if env.get("PYTHONPATH"):
+            env = {**env, "PYTHONPATH": own_site(env["PYTHONPATH"], str(SITE_DIR), os.path.isdir)}
         self.back_from = Path(files_back) if files_back else None
         self.started_at = time.time() - 1.0  # mtimes are whole seconds on some file systems
         # the workers' interface, and a head that cannot be reached said now (node_net.py):
@@ -155,6 +159,15 @@ class NodeAgent:
                                     (host, int(port)))
         except Exception:  # see the docstring
             return
+
+
+def own_site(pythonpath: str, site: str, exists: Callable[[str], bool]) -> str:
+    """`pythonpath` with the submitter's gpufleet bootstrap folder (`.../gpufleet/bootstrap/site`,
+    first on every worker's path) made this node's `site` where the node does not have the
+    submitter's: a node that does not see the submitter's files has its own gpufleet, and
+    without the bootstrap its workers would write no error record (bootstrap/errorfile.py)."""
+    return ":".join(site if p.endswith("/gpufleet/bootstrap/site") and not exists(p) else p
+                    for p in pythonpath.split(":"))
 
 
 def pump(i: int, out: IO[bytes] | None, into: queue.Queue[tuple[int, str]]) -> None:
