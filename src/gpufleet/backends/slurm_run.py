@@ -138,7 +138,8 @@ class Driver(NodeDriver):
     def poll(self) -> tuple[dict[int, int], set[str]]:
         codes = {i: c for i, s in enumerate(self.steps) if (c := s.poll()) is not None}
         for i in codes:
-            self.readers[i].join(timeout=5)  # every line and file its step sent, first
+            if self.readers[i].is_alive():  # every line and file its step sent, first
+                self.readers[i].join(timeout=5)
         self._drain()
         return codes, set()
 
@@ -218,7 +219,8 @@ class Driver(NodeDriver):
                 with contextlib.suppress(OSError):
                     s.kill()
         for r in self.readers:
-            r.join(timeout=5)  # the lines and files the steps sent before they ended
+            if r.is_alive():  # the lines and files the steps sent before they ended
+                r.join(timeout=5)
         self._drain()
 
     def _cancel_steps(self) -> None:
