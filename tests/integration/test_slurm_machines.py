@@ -116,6 +116,43 @@ def _shipped(machines: Machines, name: str, cache: str) -> list[str]:
     return listed.stdout.split()
 
 
+_FAILS = """import os, sys
+if os.environ["RANK"] == "1":
+    raise ValueError("broken on purpose " + sys.argv[1])
+"""
+
+
+def test_a_failing_ranks_error_record_comes_back_from_its_machine(
+        lab: tuple[Machines, Path], tmp_path: Path) -> None:
+    """torchrun writes a rank's error record on its own machine's disk (the job folder is not
+    there); the node agent sends it back after the node's last line and the driver writes it
+    into the job folder here, so the reason is the record's exception, not the log's tail."""
+    machines, state = lab
+    token = uuid.uuid4().hex
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "fails.py").write_text(_FAILS)
+    fleet = Fleet(tmp_path / "gfhome", project)
+    env = {"HOME": str(tmp_path / "user"), "SLURM_CONF": str(state / "slurm.conf")}
+    (tmp_path / "user").mkdir()
+    try:
+        added = fleet("pool", "add", "slurm", "--python", machines.python("m1"), env=env)
+        assert added.returncode == 0, added.stderr
+        done = fleet("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "-y", "--name",
+                     "f", "fails.py", "--", token, env=env, timeout=300)
+        status = fleet.status("f")
+        assert done.returncode != 0 and status["status"] == "failed", (done.stdout, done.stderr)
+        # from the record: exact, with no log lines (the log-tail form ends "; last lines:")
+        assert status["reason"] == (f"rank 1 failed (exit code 1): ValueError: broken on purpose "
+                                    f"{token}"), status["reason"]
+        records = list((fleet.home / "jobs" / "f" / "torchrun").glob("*/attempt_*/*/error.json"))
+        assert [token in f.read_text() for f in records] == [True], records
+        log = fleet("logs", "f", env=env).stdout
+        assert "shipped to head, worker1" in log and "gpufleet-file" not in log, log
+    finally:
+        fleet.cleanup()
+
+
 def test_a_job_from_a_folder_only_here_runs_on_two_machines_and_heals_a_killed_one(
         lab: tuple[Machines, Path], tmp_path: Path) -> None:
     machines, state = lab

@@ -1,4 +1,5 @@
-"""The node side of SSH runs, pure parts: paths mapped both ways, files framed on stdout."""
+"""The node side of SSH runs, pure parts: paths mapped both ways (the files it sends back:
+test_files_back.py)."""
 
 from gpufleet.backends import ssh_node
 
@@ -31,13 +32,3 @@ def test_node_paths_in_lines_read_as_the_submitters() -> None:
     line = "  error_file: /root/.cache/gpufleet/jobs/j1/torchrun/r_x/attempt_0/1/error.json"
     assert ssh_node._unmap_line(line, back) == (
         "  error_file: /home/ann/.gpufleet/jobs/j1/torchrun/r_x/attempt_0/1/error.json")
-
-
-def test_a_framed_file_comes_back_whole_and_a_log_line_is_not_one() -> None:
-    data = bytes(range(256)) * 3 + b"\n\nend"
-    line = ssh_node.frame("torchrun/r/attempt_0/0/error.json", data)
-    assert "\n" not in line
-    assert ssh_node.unframe(line) == ("torchrun/r/attempt_0/0/error.json", data)
-    assert ssh_node.unframe("[rank0]: hello") is None
-    assert ssh_node.unframe(ssh_node.frame("../../etc/passwd", b"x")) is None
-    assert ssh_node.unframe(ssh_node.frame("/etc/passwd", b"x")) is None

@@ -38,13 +38,14 @@ def test_a_node_entry_runs_in_its_copy() -> None:
                       "train.py", "--data=/home/a/proj/data", "/home/a/proj/cfg.yaml",
                       "/home/a/project2/x"],
              "env": {"CFG": "/home/a/proj/cfg.yaml", "GPUFLEET_JOB_DIR": "/gf/jobs/j"}}
-    got = travel.on_node(entry, "/home/a/proj", "/n/cache/abc")
+    got = travel.on_node(entry, "/home/a/proj", "/n/cache/abc", "/gf/jobs/j")
     assert got["cwd"] == "/n/cache/abc"
     assert got["argv"][-4:] == ["train.py", "--data=/n/cache/abc/data", "/n/cache/abc/cfg.yaml",
                                 "/home/a/project2/x"]  # a sibling folder is not the workdir
     assert got["argv"][4] == "/gf/jobs/j/torchrun"  # the job folder is not remapped here
     assert got["env"] == {"CFG": "/n/cache/abc/cfg.yaml", "GPUFLEET_JOB_DIR": "/gf/jobs/j"}
-    assert entry["cwd"] == "/home/a/proj"  # the plan's own entry is left as it was
+    assert got["files_back"] == "/gf/jobs/j"  # what torchrun writes there comes back
+    assert entry["cwd"] == "/home/a/proj" and "files_back" not in entry  # the plan's own entry
 
 
 def _plan(root: Path, setup: str = "", keep: bool = False) -> dict[str, Any]:
@@ -62,6 +63,7 @@ def test_what_the_slurm_driver_would_run(tmp_path: Path) -> None:
     out, steps, plans = slurm_travel.travel_plan(plan, plan_path, [1], digest,
                                                  tmp_path / "w.tar.gz", "j-7")
     assert out["travel"] == {"digest": digest, "unseen": [1], "user": "j-7",
+                             "job_dir": str(plan_path.parent),
                              "tar": f"/tmp/gpufleet-workdir-{digest[:16]}.tar.gz"}
     assert steps == [["sbcast", "--jobid=41", "--force", str(tmp_path / "w.tar.gz"),
                       f"/tmp/gpufleet-workdir-{digest[:16]}.tar.gz"],
@@ -91,15 +93,18 @@ def test_a_slurm_node_places_its_copy_and_runs_setup_once(tmp_path: Path,
     assert [e.path for e in packed.sel.entries] == [".gpufleetignore", "data/a.txt", "train.py"]
     tar = tmp_path / "node-tmp.tar.gz"  # where sbcast would have put it
     tar.write_bytes(packed.tar)
-    plan["travel"] = {"digest": packed.sel.digest, "unseen": [1], "tar": str(tar), "user": "j-7"}
+    plan["travel"] = {"digest": packed.sel.digest, "unseen": [1], "tar": str(tar), "user": "j-7",
+                      "job_dir": "/gf/jobs/j"}
     said: list[str] = []
     entry = slurm_travel.placed(plan, 1, said.extend)
     copy = tmp_path / "node-cache" / packed.sel.digest
     assert entry["cwd"] == str(copy) and (copy / "data" / "a.txt").read_text() == "a\n"
+    assert entry["files_back"] == "/gf/jobs/j"  # it does not see the job folder: files come back
     assert not (copy / "big.bin").exists() and not tar.exists()  # the node-local tar is gone
     assert said == [f"setup: set up in {packed.sel.digest}"]
     # node 0 sees the job folder: it runs where it is, and setup is already done on this "node"
     assert slurm_travel.placed(plan, 0, said.extend) == plan["nodes"][0] and len(said) == 1
+    assert "files_back" not in plan["nodes"][0]  # a node that sees it must not copy onto itself
     assert node_workdir.remove(tmp_path / "node-cache", packed.sel.digest, "j-7")
 
 

@@ -33,11 +33,13 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet.backends import keeper, node_net
+from gpufleet.backends import files_back, keeper, node_net
 from gpufleet.backends.exits import NODE_LOST_EXIT
+from gpufleet.bootstrap import SITE_DIR
 from gpufleet.reportauth import Signer, signer_from_env
 from gpufleet.telemetry import wire
 
@@ -57,15 +59,26 @@ class NodeAgent:
         self.reader: threading.Thread | None = None
         self.stopping = threading.Event()
         self.signer: Signer | None = None
+        self.back_from: Path | None = None  # the job folder this node does not see
+        self.started_at = 0.0
 
     def ready(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": socket.gethostname()}
 
     def start(self, argv: list[str], env: dict[str, str], cwd: str,
-              sampling: dict[str, Any]) -> int:
+              sampling: dict[str, Any], files_back: str | None = None) -> int:
+        """Start the node's torchrun. `files_back`: the submitter's job folder, given only for a
+        node that does not see it (the plan entry's `files_back`, launch/travel.py): what
+        torchrun writes under it is on this node's disk alone, so `drain` sends it back once
+        torchrun has ended. A node that sees the folder must not get it: the driver would
+        write each file onto itself."""
         if argv and argv[0] == "{python}":
             argv = [sys.executable, *argv[1:]]  # this node's interpreter, not the driver's
         self.signer = signer_from_env(env)
+        if env.get("PYTHONPATH"):
+            env = {**env, "PYTHONPATH": own_site(env["PYTHONPATH"], str(SITE_DIR), os.path.isdir)}
+        self.back_from = Path(files_back) if files_back else None
+        self.started_at = time.time() - 1.0  # mtimes are whole seconds on some file systems
         # the workers' interface, and a head that cannot be reached said now (node_net.py):
         # RendezvousUnreachableError before any worker starts
         env = {**env, **node_net.prepare(self.node, env, os.environ)}
@@ -83,13 +96,17 @@ class NodeAgent:
 
     def drain(self) -> tuple[list[str], int | None]:
         """Lines since the last call, and the exit code once torchrun ended and its output
-        was read to the end."""
+        was read to the end; with that code, after the last line, the files to send back
+        (files_back.framed: this run's files under the job folder's `torchrun/`), once."""
         code = self.proc.poll() if self.proc is not None else None
         if code is not None and self.reader is not None:
             self.reader.join(timeout=2)
         out = []
         while self.lines:
             out.append(self.lines.popleft())
+        if code is not None and self.back_from is not None:
+            out.extend(files_back.framed(self.back_from, since=self.started_at))
+            self.back_from = None
         return out, code
 
     def stop(self, grace_s: float) -> int | None:
@@ -142,6 +159,15 @@ class NodeAgent:
                                     (host, int(port)))
         except Exception:  # see the docstring
             return
+
+
+def own_site(pythonpath: str, site: str, exists: Callable[[str], bool]) -> str:
+    """`pythonpath` with the submitter's gpufleet bootstrap folder (`.../gpufleet/bootstrap/site`,
+    first on every worker's path) made this node's `site` where the node does not have the
+    submitter's: a node that does not see the submitter's files has its own gpufleet, and
+    without the bootstrap its workers would write no error record (bootstrap/errorfile.py)."""
+    return ":".join(site if p.endswith("/gpufleet/bootstrap/site") and not exists(p) else p
+                    for p in pythonpath.split(":"))
 
 
 def pump(i: int, out: IO[bytes] | None, into: queue.Queue[tuple[int, str]]) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpufleet.backends import shipping, workdir_ship
+from gpufleet.backends import files_back, shipping, workdir_ship
 from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.backends.node_driver import STOPPED_EXIT, NodeDriver, tag
 from gpufleet.backends.node_ship import ShippingAgent
@@ -79,7 +79,8 @@ class Driver(NodeDriver):
         if code is not None:
             return code
         key = {KEY_ENV: os.environ[KEY_ENV]} if KEY_ENV in os.environ else {}
-        starts = [a.start.remote(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"])
+        starts = [a.start.remote(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"],
+                                 n.get("files_back"))
                   for a, n in zip(self.agents, self.nodes, strict=True)]
         try:
             ray.get(starts, timeout=READY_TIMEOUT_S)
@@ -171,7 +172,8 @@ class Driver(NodeDriver):
             self.end_all(grace_s=5.0)
             return PLACE_FAILED_EXIT
         for i in unseen:
-            self.nodes[i] = travel.on_node(self.nodes[i], section["root"], placed[i])
+            self.nodes[i] = travel.on_node(self.nodes[i], section["root"], placed[i],
+                                           str(self.lost_path.parent))
         if sharing.ships:
             self.say(workdir_ship.shipped_line(
                 packed, [self.nodes[i]["name"] for i, h in zip(unseen, held, strict=True) if not h],
@@ -207,6 +209,9 @@ class Driver(NodeDriver):
                 return dict(self.done), {self.nodes[i]["node_id"]}
             name = self.nodes[i]["name"]
             for line in lines:
+                if self.lost_path is not None and files_back.write_back(self.lost_path.parent,
+                                                                         line):
+                    continue  # a file the node sent back (files_back.py), not a log line
                 sys.stdout.write(tag(name, line) + "\n")
             sys.stdout.flush()
             if code is not None:

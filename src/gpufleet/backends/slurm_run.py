@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gpufleet.backends import node_workdir, slurm_clean, slurm_travel, workdir_ship
+from gpufleet.backends import files_back, node_workdir, slurm_clean, slurm_travel, workdir_ship
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
 from gpufleet.backends.node_driver import NodeAgent, NodeDriver, pump, tag
@@ -74,6 +74,7 @@ class Driver(NodeDriver):
         # srun carries this environment to the nodes: a node's cache is the node's to choose
         self.env.pop(node_workdir.CACHE_ENV, None)
         self.steps: list[subprocess.Popen[bytes]] = []
+        self.readers: list[threading.Thread] = []
         self.lines: queue.Queue[tuple[int, str]] = queue.Queue()
         self.said: list[tuple[int, str]] = []  # srun's own lines by node, read for failures
         self.how = ""
@@ -114,7 +115,9 @@ class Driver(NodeDriver):
                                     stdin=subprocess.DEVNULL, env=self.env,
                                     start_new_session=True)
             self.steps.append(step)
-            threading.Thread(target=pump, args=(i, step.stdout, self.lines), daemon=True).start()
+            reader = threading.Thread(target=pump, args=(i, step.stdout, self.lines), daemon=True)
+            reader.start()
+            self.readers.append(reader)
         self.say(f"torchrun starting on {len(self.nodes)} node(s) of Slurm job {self.job_id}: "
                  + ", ".join(f"{n['name']} ({n['node_id']})" for n in self.nodes))
         return None
@@ -125,16 +128,19 @@ class Driver(NodeDriver):
                 i, text = self.lines.get_nowait()
             except queue.Empty:
                 return
+            if files_back.write_back(self.plan_path.parent, text):
+                continue  # a file an unseen node sent back (files_back.py), not a log line
             if text.startswith(("srun:", "slurmstepd:")):
                 self.said.append((i, text))
             sys.stdout.write(tag(self.nodes[i]["name"], text) + "\n")
         sys.stdout.flush()
 
     def poll(self) -> tuple[dict[int, int], set[str]]:
-        self._drain()
         codes = {i: c for i, s in enumerate(self.steps) if (c := s.poll()) is not None}
-        if len(codes) == len(self.steps):
-            self._drain()
+        for i in codes:
+            if self.readers[i].is_alive():  # every line and file its step sent, first
+                self.readers[i].join(timeout=5)
+        self._drain()
         return codes, set()
 
     def suspect(self) -> bool:
@@ -212,6 +218,9 @@ class Driver(NodeDriver):
             if s.poll() is None:
                 with contextlib.suppress(OSError):
                     s.kill()
+        for r in self.readers:
+            if r.is_alive():  # the lines and files the steps sent before they ended
+                r.join(timeout=5)
         self._drain()
 
     def _cancel_steps(self) -> None:
@@ -257,7 +266,7 @@ def _run_node(plan: dict[str, Any], n: dict[str, Any]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     key = {KEY_ENV: os.environ[KEY_ENV]} if KEY_ENV in os.environ else {}
     try:
-        agent.start(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"])
+        agent.start(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"], n.get("files_back"))
     except RendezvousUnreachableError as exc:
         _print([f"RendezvousUnreachableError: {exc}"])
         return 1

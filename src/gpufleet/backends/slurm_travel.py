@@ -37,7 +37,7 @@ def travel_plan(plan: dict[str, Any], plan_path: Path, unseen: list[int], digest
     job_id = plan["job_id"]
     tar_dest = cmds.node_local("workdir", f"{digest[:16]}.tar.gz") if tar_path else None
     travelled = {**plan, "travel": {"digest": digest, "unseen": unseen, "tar": tar_dest,
-                                    "user": user}}
+                                    "user": user, "job_dir": str(plan_path.parent)}}
     steps: list[list[str]] = []
     plans = {i: plan_path for i in range(len(plan["nodes"]))}
     if unseen:
@@ -143,4 +143,4 @@ def placed(plan: dict[str, Any], index: int, out: Callable[[list[str]], None]) -
     finally:
         if tar is not None:
             tar.unlink(missing_ok=True)
-    return travel.on_node(n, section["root"], str(folder))
+    return travel.on_node(n, section["root"], str(folder), travelled["job_dir"])

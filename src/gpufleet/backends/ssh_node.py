@@ -17,14 +17,12 @@ node, and the driver maps paths both ways:
   driver or its connection gone), or no line for `SILENT_S`, ends it too, so no worker outlives a
   killed driver or a dropped connection. When torchrun has ended, the files it wrote under the
   job folder's `torchrun/` (per-rank logs, error records) go back to the driver as framed lines
-  (`frame`), and the node's job folder goes (the workdir too, on the job's last run, unless
+  (files_back.py), and the node's job folder goes (the workdir too, on the job's last run, unless
   `keep_workdir`).
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import io
 import json
 import re
@@ -36,10 +34,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet.backends import node_net, node_workdir
+from gpufleet.backends import files_back, node_net, node_workdir
 
-FRAME = "\x1egpufleet-file "  # starts a line that carries a file back, not a log line
-MAX_FILE_BYTES = 4 * 2**20  # a file larger than this comes back as its last 4 MiB
 SILENT_S = 20.0  # the driver sends a line every second; this long without one: it is gone
 #                 (generous: a driver on a loaded machine may stall for seconds)
 SETUP_FAILED_EXIT = 78  # EX_CONFIG: the job's setup command failed on this node
@@ -68,26 +64,6 @@ def map_entry(entry: dict[str, Any], pairs: list[tuple[str, str]],
     return ([remap(a, pairs) for a in entry["argv"]],
             {k: remap(v, pairs) for k, v in entry["env"].items()},
             remap(entry["cwd"], pairs))
-
-
-def frame(rel: str, data: bytes) -> str:
-    """One line carrying a file (its path relative to the job folder) back to the driver."""
-    return FRAME + json.dumps({"path": rel, "b64": base64.b64encode(data).decode()})
-
-
-def unframe(line: str) -> tuple[str, bytes] | None:
-    """The (relative path, content) a framed line carries; None for a log line. A path that
-    would leave the job folder (absolute, `..`) is refused as None."""
-    if not line.startswith(FRAME):
-        return None
-    try:
-        rec = json.loads(line[len(FRAME):])
-        rel, data = str(rec["path"]), base64.b64decode(rec["b64"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    if rel.startswith("/") or ".." in Path(rel).parts:
-        return None
-    return rel, data
 
 
 # -- the node's folders -------------------------------------------------------------------------
@@ -127,18 +103,12 @@ def _say(line: str) -> None:
 
 def send_back(node_job: Path, out: IO[str]) -> int:
     """Every file torchrun wrote under the node's job folder (`torchrun/`: per-rank logs, error
-    records) as framed lines; how many."""
-    n = 0
-    base = node_job / "torchrun"
-    for path in sorted(base.rglob("*")) if base.is_dir() else []:
-        if not path.is_file() or path.is_symlink():
-            continue
-        with contextlib.suppress(OSError), path.open("rb") as f:
-            f.seek(max(0, path.stat().st_size - MAX_FILE_BYTES))
-            out.write(frame(path.relative_to(node_job).as_posix(), f.read()) + "\n")
-            n += 1
+    records) as framed lines (files_back); how many. The folder is this run's alone."""
+    lines = files_back.framed(node_job)
+    for line in lines:
+        out.write(line + "\n")
     out.flush()
-    return n
+    return len(lines)
 
 
 # -- run ----------------------------------------------------------------------------------------

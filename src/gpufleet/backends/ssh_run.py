@@ -35,11 +35,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpufleet.backends import ssh_conn
+from gpufleet.backends import files_back, ssh_conn
 from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.backends.node_driver import NodeDriver, pump, tag
 from gpufleet.backends.ssh_conn import Host
-from gpufleet.backends.ssh_node import unframe
 from gpufleet.backends.ssh_plan import prepare as prepare  # the engine's `prepare` delegates here
 from gpufleet.launch import workdir
 from gpufleet.reportauth import KEY_ENV
@@ -188,12 +187,7 @@ class Driver(NodeDriver):
                 i, text = self.lines.get_nowait()
             except queue.Empty:
                 break
-            got = unframe(text)
-            if got is not None:
-                dest = self.job_dir / got[0]
-                with contextlib.suppress(OSError):
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    dest.write_bytes(got[1])
+            if files_back.write_back(self.job_dir, text):
                 continue
             sys.stdout.write(tag(self.nodes[i]["name"], text) + "\n")
         sys.stdout.flush()

@@ -5,7 +5,8 @@ The plan's `workdir` section (`section`) is what the driver needs to decide and 
 that travels, the cap, the setup command and whether to keep the copy. The driver probes the
 nodes (backends/shipping.py) and, for each node that does not see the folder, ships the
 selection and rewrites that node's entry (`on_node`): its working folder and every argument or
-variable naming the submitter's folder now name the node's copy.
+variable naming the submitter's folder now name the node's copy, and the node is told to send
+back what torchrun writes under the job folder it does not see (`files_back`).
 """
 
 from __future__ import annotations
@@ -55,13 +56,15 @@ def _mapped(value: str, root: str, placed: str) -> str:
     return f"{head}{eq}{tail}"
 
 
-def on_node(entry: dict[str, Any], root: str, placed: str) -> dict[str, Any]:
+def on_node(entry: dict[str, Any], root: str, placed: str, job_dir: str) -> dict[str, Any]:
     """A node's plan entry for a run in the shipped copy `placed` of `root`: its folder, and
-    the arguments and variables that named `root`. What names the job folder is left alone
-    (results come back through the node agent, not through paths)."""
+    the arguments and variables that named `root`. What names the job folder `job_dir` is left
+    alone: the node writes there on its own disk, and `files_back` tells its agent to send
+    what torchrun wrote under it back to the driver (backends/files_back.py)."""
     assert PurePosixPath(root).is_absolute() and PurePosixPath(placed).is_absolute()
     root = os.path.normpath(root)
     return {**entry,
             "cwd": _mapped(os.path.normpath(entry["cwd"]), root, placed),
             "argv": [_mapped(a, root, placed) for a in entry["argv"]],
-            "env": {k: _mapped(v, root, placed) for k, v in entry["env"].items()}}
+            "env": {k: _mapped(v, root, placed) for k, v in entry["env"].items()},
+            "files_back": job_dir}
