@@ -230,8 +230,11 @@ def test_a_job_from_a_folder_only_here_runs_on_two_machines_and_heals_a_killed_o
         assert resumed[0] == (second, "1") and resumed[1][0] == third, resumed
         # the third machine never had a checkpoint of its own: it came from --checkpoint-to
         at = int(resumed[1][1]) - 1
-        assert at > 0 and f"from gpufleet's checkpoint at step {at}" in restarting["reason"], events
-        assert any(e["kind"] == "checkpoint_copied" and e["time"] < restarting["time"] and
+        # the restart names the newest checkpoint copied when it was decided; a copy that was
+        # still in flight may land before the new run starts, which then resumes from it
+        said = re.search(r"from gpufleet's checkpoint at step (\d+)", restarting["reason"])
+        assert said and 0 < int(said.group(1)) <= at, events
+        assert any(e["kind"] == "checkpoint_copied" and
                    e["reason"] == f"step {at} copied to {durable}/step-{at:08d}" for e in events)
 
         ok("stop", "j", timeout=180)
@@ -245,11 +248,14 @@ def test_a_job_from_a_folder_only_here_runs_on_two_machines_and_heals_a_killed_o
         _eventually("no shipped file left on the machines",
                     lambda: not any(_shipped(machines, m, cache) for m in live), 60)
         log = ok("logs", "j")
-        cleaned = re.findall(r"workdir \w+ clean-up in ([\d.]+)s: (.*)", log)
+        cleaned = re.findall(r"workdir \w+ clean-up (?:in [\d.]+s: (.*)|((?:exit|timed out) .*))", log)
         print(f"clean-up steps: {cleaned}")
-        cleaned = [outcome for _, outcome in cleaned]
-        assert len(cleaned) == 2 and re.fullmatch(r"head (removed|absent)", cleaned[0]), log
-        assert re.fullmatch(r"head (removed|absent), worker1 (removed|absent)", cleaned[1]), log
+        # one clean-up a run: the first run's may find its allocation already given back by
+        # the heal (a warning, never the run's reason: its survivor removed its copy itself);
+        # the stopped run's cleans both machines
+        assert len(cleaned) == 2, log
+        assert re.fullmatch(r"head (removed|absent)", cleaned[0][0]) or cleaned[0][1], log
+        assert re.fullmatch(r"head (removed|absent), worker1 (removed|absent)", cleaned[1][0]), log
     finally:
         fleet.cleanup()
         shutil.rmtree(durable, ignore_errors=True)
