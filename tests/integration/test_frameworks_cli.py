@@ -132,10 +132,22 @@ def _home_of(p: psutil.Process) -> str | None:
         return None
 
 
+def _orphan_of(p: psutil.Process, home: str) -> bool:
+    """An orphaned (daemonized) process that names this run's home in its environment (the
+    private Ray's token path is under the job folder) or its command line."""
+    try:
+        return p.ppid() in (0, 1) and (
+            any(home in v for v in p.environ().values()) or home in " ".join(p.cmdline()))
+    except psutil.Error:
+        return False
+
+
 def ray_leftovers(before: set[int], home: Path, timeout: float = 10.0) -> list[str]:
     """Ray processes that were not there before the run and still live after `timeout`, and are
     the run's: started under its GPUFLEET_HOME, the child of such a process (Ray's agents drop
-    the variable), or orphaned. Another session's Ray, which may start meanwhile, is not ours."""
+    the variable), or orphaned naming its home. Another session's Ray, which may start
+    meanwhile (the test machines' raylets, daemonized too, run beside this module), is not
+    ours."""
     deadline = time.monotonic() + timeout
     while True:
         ours = []
@@ -143,7 +155,7 @@ def ray_leftovers(before: set[int], home: Path, timeout: float = 10.0) -> list[s
             try:
                 p = psutil.Process(pid)
                 chain = [p, *p.parents()]
-                mine = any(_home_of(q) == str(home) for q in chain) or p.ppid() in (0, 1)
+                mine = any(_home_of(q) == str(home) for q in chain) or _orphan_of(p, str(home))
                 if mine:
                     ours.append(f"{pid}: {' '.join(p.cmdline())[:200]}")
             except psutil.Error:
