@@ -74,7 +74,8 @@ def test_a_machine_sees_nothing_of_the_submitter(machines: Machines,
     # session: other modules' jobs ran there) is its own; the checkout is written by nobody there
     probe = ("import json, os, sys; paths, hidden = json.loads(sys.argv[1]), sys.argv[2:]; "
              "print(json.dumps({'seen': [k for k, p in paths.items() if os.path.exists(p)], "
-             "'not_empty': [h for h in hidden if h == sys.argv[2] and os.listdir(h)]}))")
+             "'not_empty': [h for h in hidden if h == sys.argv[2] and os.path.isdir(h) "
+             "and os.listdir(h)]}))")
     for name in machines.names:
         done = machines.ssh(name, f"python3 -c {shlex.quote(probe)} {shlex.quote(json.dumps(paths))} "
                             + " ".join(shlex.quote(h) for h in [str(ROOT), *hidden]))
