@@ -15,7 +15,11 @@ everything under tests/unit is `unit` (pure, fast), so a new file is marked by w
   data loading, scaling and a healthy run; an elastic job's scale-up and -down; the benchmark
   calibration) are `serial`: with another test on the same two cores their figures, not
   gpufleet, would decide the result. A stall and a straggler are not among them: the stall's
-  job waits at a gate until the test has seen it diagnosed, and the straggler is 5x its peers.
+  job waits at a gate until the test has seen it diagnosed, and the straggler is 5x its peers;
+- the `machines` group is `serial` too: its modules run a Ray head and raylets, a Slurm and
+  multi-machine jobs on the test machines, several processes' worth of CPU at once, which on
+  two cores starved the other worker's tests (a queue server that did not answer in time, a
+  hang taken for a stop); alone they cost the suite about their own run time.
 """
 
 from __future__ import annotations
@@ -90,7 +94,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = Path(str(item.path)).stem
         item.add_marker(pytest.mark.xdist_group(group_of(item.nodeid)))
         name = item.name.split("[")[0]
-        if module in _SERIAL or f"{module}::{name}" in _SERIAL or f"{module}::{item.name}" in _SERIAL:
+        if module in _SERIAL or f"{module}::{name}" in _SERIAL or f"{module}::{item.name}" in _SERIAL \
+                or group_of(item.nodeid) == "machines":
             item.add_marker(pytest.mark.serial)
     # The longest groups first, so neither worker is left running one alone at the end (a
     # module picked up last, such as test_survive, kept one worker busy for minutes while the
