@@ -27,6 +27,7 @@ import json
 import os
 import queue
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -224,6 +225,15 @@ class NodeDriver:
         raise NotImplementedError
 
     # -- the same for every engine --------------------------------------------------------------
+    def catch_stop(self) -> None:
+        """SIGTERM and SIGINT ask the watch to stop (it ends every node, then exits 143). Ray's
+        driver calls it again after connecting: `ray.init` installs a handler of its own."""
+        def on_signal(_sig: int, _frame: object) -> None:
+            self.stop_asked = True
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
     def say(self, text: str) -> None:
         sys.stdout.write(f"gpufleet: {text}\n")
         sys.stdout.flush()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -91,14 +90,6 @@ class Driver(NodeDriver):
         self.say(f"torchrun started on {len(self.nodes)} node(s): "
                  + ", ".join(f"{n['name']} ({n['address']})" for n in self.nodes))
         return None
-
-    def catch_stop(self) -> None:
-        """SIGTERM and SIGINT ask the watch to stop (it ends every node, then exits 143)."""
-        def on_signal(_sig: int, _frame: object) -> None:
-            self.stop_asked = True
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
 
     def _placed(self) -> int | None:
         """Wait for every agent to be placed; an agent Ray cannot place (its node is gone, or

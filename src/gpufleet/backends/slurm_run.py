@@ -295,11 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args[0])
     driver = Driver(json.loads(path.read_text()), path)
 
-    def on_signal(_sig: int, _frame: object) -> None:
-        driver.stop_asked = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    driver.catch_stop()
     return driver.run()
 
 

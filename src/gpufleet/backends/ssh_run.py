@@ -26,7 +26,6 @@ import io
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -269,11 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args[0])
     driver = Driver(json.loads(path.read_text()), path)
 
-    def on_signal(_sig: int, _frame: object) -> None:
-        driver.stop_asked = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    driver.catch_stop()
     try:
         return driver.run()
     finally:
