@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +109,20 @@ class Machines:
         An ssh connection still open to it (a ControlPersist master) shows as its sshd session."""
         return [int(p) for p in self._script("pids", str(self.folder), name).split()]
 
+
+    def settle(self, timeout_s: float = 120.0) -> None:
+        """Wait until every machine answers ssh and runs nothing of anyone's (a module's end:
+        the next module shares them). A wait for events (a session's sshd ends just after its
+        client), not a verdict on speed."""
+        deadline = time.monotonic() + timeout_s
+        for name in self.names:
+            while (done := self.ssh(name, "true")).returncode != 0:
+                assert time.monotonic() < deadline, f"{name} does not answer: {done.stderr}"
+                time.sleep(0.2)
+        for name in self.names:
+            while left := self.pids(name):
+                assert time.monotonic() < deadline, f"processes left on {name}: {left}"
+                time.sleep(0.2)
 
 def from_env() -> Machines | None:
     folder = os.environ.get("GPUFLEET_TEST_MACHINES")

@@ -17,7 +17,6 @@ import json
 import re
 import shlex
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,15 +41,8 @@ def machines() -> Iterator[Machines]:
     m = machines_or_skip()
     before = {n: _files(m, n) for n in m.names}
     yield m
-    deadline = time.monotonic() + SETTLE_S
-    for name in m.names:  # every machine up, its link mended, its key the pinned one
-        while (done := m.ssh(name, "true")).returncode != 0:
-            assert time.monotonic() < deadline, f"{name} does not answer: {done.stderr}"
-            time.sleep(0.2)
+    m.settle(SETTLE_S)  # every machine up, its link mended, its key the pinned one, idle
     for name in m.names:
-        while left := m.pids(name):
-            assert time.monotonic() < deadline, f"processes left on {name}: {left}"
-            time.sleep(0.2)
         new = _files(m, name) - before[name]  # a rebooted machine has fewer, never more
         assert not new, f"files left on {name}: {sorted(new)}"
 

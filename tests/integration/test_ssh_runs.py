@@ -104,15 +104,8 @@ def _settled(m: Machines, before: dict[str, set[str]]) -> None:
     """Every machine answers over ssh, runs nothing but its sshd, and its cache holds no
     workdir or job folder; then the (empty) cache folders this module made and torch's cache
     are removed, and no other file is new on it."""
-    deadline = time.monotonic() + SETTLE_S
+    m.settle(SETTLE_S)
     for name in m.names:
-        while (done := m.ssh(name, "true")).returncode != 0:
-            assert time.monotonic() < deadline, f"{name} does not answer: {done.stderr}"
-            time.sleep(0.2)
-    for name in m.names:
-        while left := m.pids(name):
-            assert time.monotonic() < deadline, f"processes left on {name}: {left}"
-            time.sleep(0.2)
         m.run(name, f"rm -f {GATE}")
         left = m.run(name, f"find {CACHE} -mindepth 1 -not -type d 2>/dev/null; "
                            f"find {CACHE} -mindepth 2 -type d 2>/dev/null", check=False).stdout
