@@ -38,10 +38,12 @@ SPEC_FIELDS = frozenset({
     "pp_schedule", "microbatches", "precision", "framework", "model", "env", "max_restarts",
     "hang_timeout", "cooldown", "checkpoint_to", "workers", "scale_up_util", "scale_down_util",
     "scale_tolerance", "keep", "workdir", "bootstrap", "total_steps", "loss_pattern", "priority",
-    "time_limit", "after", "setup", "max_upload", "keep_workdir"})
-# the same, as earlier versions stored them (their jobs' specs stay readable here): before the
-# workdir travelled (issue 29), and before `after`
-SPEC_FIELDS_BEFORE_WORKDIR = SPEC_FIELDS - {"setup", "max_upload", "keep_workdir"}
+    "time_limit", "after", "setup", "max_upload", "keep_workdir", "image", "pull",
+    "container_opts", "shm_size"})
+# the same, as earlier versions stored them (their jobs' specs stay readable here): before
+# images (issue 30), before the workdir travelled (issue 29), and before `after`
+SPEC_FIELDS_BEFORE_IMAGE = SPEC_FIELDS - {"image", "pull", "container_opts", "shm_size"}
+SPEC_FIELDS_BEFORE_WORKDIR = SPEC_FIELDS_BEFORE_IMAGE - {"setup", "max_upload", "keep_workdir"}
 SPEC_FIELDS_BEFORE_AFTER = SPEC_FIELDS_BEFORE_WORKDIR - {"after"}
 SPEC_WORDS = ("strategy", "pp_schedule", "precision", "framework")  # Literal[str] fields
 SPEC_INT_BOUNDS = {"dp": (1, 128), "tp": (1, 128), "pp": (1, 128), "microbatches": (1, 4096)}
@@ -119,7 +121,8 @@ def layout_words(spec_json: str, world_size: int) -> str | None:
         data = json.loads(spec_json)
     except ValueError:
         raise Declined from None
-    if not isinstance(data, dict) or set(data) not in (SPEC_FIELDS, SPEC_FIELDS_BEFORE_WORKDIR,
+    if not isinstance(data, dict) or set(data) not in (SPEC_FIELDS, SPEC_FIELDS_BEFORE_IMAGE,
+                                                      SPEC_FIELDS_BEFORE_WORKDIR,
                                                       SPEC_FIELDS_BEFORE_AFTER) \
             or not (data["cluster"] is None or isinstance(data["cluster"], str)) \
             or any(not isinstance(data[k], str) for k in SPEC_WORDS):

@@ -20,8 +20,9 @@ from gpufleet.backends.kinds import Kind, capabilities
 from gpufleet.errors import SpecError, excerpt
 from gpufleet.launch.workdir import DEFAULT_MAX_UPLOAD, MIN_MAX_UPLOAD, parse_size
 from gpufleet.parallelism import Layout, resolve
+from gpufleet.spec_image import ContainerOpts, ImageRef, ShmSize
 from gpufleet.spec_yaml import load_yaml as load_yaml  # where it lived before; callers import it here
-from gpufleet.vocab import INTER_NODE_NETWORKS, Framework, Network, Precision, Schedule, Strategy
+from gpufleet.vocab import INTER_NODE_NETWORKS, Framework, Network, Precision, Pull, Schedule, Strategy
 
 MAX_GPUS_PER_JOB = 128  # seed 000: up to 128 GPUs per job (16 nodes x 8)
 MAX_GPUS_PER_NODE = 8
@@ -335,6 +336,13 @@ class JobSpec(_Spec):
     priority: int = Field(0, ge=-100, le=100)
     time_limit: str | None = None
     after: str | None = None  # a job that must succeed first (Slurm's afterok; lifecycle.depends)
+    # a container image each node's launcher runs in, when to pull it, the runtime options it
+    # adds, a private /dev/shm of that size instead of the host's (spec_image.py,
+    # launch/container.py); a pool's default image applies when `image` is not given
+    image: ImageRef | None = None
+    pull: Pull = "missing"
+    container_opts: ContainerOpts = Field(default_factory=list)
+    shm_size: ShmSize | None = None
 
     @field_validator("name", "after")
     @classmethod

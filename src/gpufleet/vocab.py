@@ -18,12 +18,15 @@ Schedule = Literal["gpipe", "1f1b"]
 Framework = Literal["torchrun", "accelerate", "deepspeed", "ray", "horovod"]
 # How devices talk: the first three inside one node, the last two between nodes.
 Network = Literal["pcie", "nvlink", "nvswitch", "infiniband", "ethernet"]
+# When a node pulls a job's image (launch/container.py): the runtimes' own three words.
+Pull = Literal["never", "missing", "always"]
 
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 NETWORKS: tuple[str, ...] = get_args(Network)
+PULLS: tuple[str, ...] = get_args(Pull)
 
 # The strategies that say how the data-parallel dimension shares the model (tp and pp fill the
 # other dimensions and leave data parallelism to plain DDP).

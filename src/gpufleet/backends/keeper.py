@@ -6,8 +6,9 @@ after another, the child is re-parented to each surviving thread in turn, and th
 signal again at every step. torchrun with `--tee` can hang for good in `threading._shutdown`
 after a few SIGTERMs 20 ms apart, re-parented to init, its workers zombies, its ports open.
 
-So the supervisor starts this file (`python -I -S keeper.py FD -- ARGV...`) instead of the
-launcher, and keeps the write end of a pipe (the lifeline) whose read end is FD here. The keeper:
+So the supervisor starts this file (`python -I -S keeper.py FD [--after JSON] -- ARGV...`)
+instead of the launcher, and keeps the write end of a pipe (the lifeline) whose read end is FD
+here. The keeper:
 
 - becomes a child subreaper, so workers orphaned by their launcher re-parent to it;
 - starts ARGV with stdin, stdout, stderr, environment and folder inherited, and with
@@ -19,7 +20,10 @@ launcher, and keeps the write end of a pipe (the lifeline) whose read end is FD 
   once, SIGKILLs what is left after `GRACE_S`, reaps and exits;
 - when the launcher exits by itself, SIGKILLs whatever it left below, and exits with the
   launcher's status (the same signal, re-raised, for a launcher killed by one), so the
-  supervisor's `poll()` reads what it read when it started the launcher directly.
+  supervisor's `poll()` reads what it read when it started the launcher directly;
+- after the tree ended, however it ended, runs the `--after` command (a JSON list; bounded by
+  `AFTER_S`) with its output discarded: a launcher inside a container image leaves the
+  container behind when its runtime client is killed, and this removes it (launch/container.py).
 
 Stdlib only, and run isolated and without `site`, so it starts in a few milliseconds and a job's
 PYTHON* variables or a module beside this file cannot change it. The parent side is `spawn`.
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import select
 import signal
@@ -44,6 +49,7 @@ REAP_S = 5.0  # how long the keeper waits for SIGKILLed descendants to be reaped
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 STARTS_FAILED_EXIT = 127  # the launcher could not be executed (as a shell says it)
+AFTER_S = 30.0  # the longest the `--after` clean-up may take
 
 
 def prctl(option: int, value: int) -> None:
@@ -65,16 +71,19 @@ def term_on_parent_death() -> None:
 
 # -- the parent's side --------------------------------------------------------------------------
 def spawn(argv: list[str], env: Mapping[str, str], cwd: Path | str,
-          stdout: int | IO[Any] | None = subprocess.PIPE,
+          stdout: int | IO[Any] | None = subprocess.PIPE, after: list[str] | None = None,
           ) -> tuple[subprocess.Popen[bytes], int]:
     """Start `argv` under a keeper in a new session (stderr merged into `stdout`); the keeper's
     Popen and the lifeline's write end, which the caller keeps open while it wants the tree to
     live (closing it, or dying, ends the tree). os.pipe() makes both ends non-inheritable, so no
-    other child of the caller holds the write end; only the keeper gets the read end."""
+    other child of the caller holds the write end; only the keeper gets the read end. `after`:
+    a command the keeper runs once the tree has ended (a container's removal)."""
     read_end, write_end = os.pipe()
+    extra = ["--after", json.dumps(after)] if after else []
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(Path(__file__).resolve()), str(read_end), "--", *argv],
+            [sys.executable, "-I", "-S", str(Path(__file__).resolve()), str(read_end), *extra,
+             "--", *argv],
             env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=stdout,
             stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(read_end,))
     except BaseException:
@@ -194,7 +203,26 @@ def _ignore(_sig: int, _frame: object) -> None:
 
 def main(args: list[str]) -> int:
     lifeline = int(args[0])
-    argv = args[args.index("--") + 1:]
+    split = args.index("--")
+    argv = args[split + 1:]
+    after: list[str] = json.loads(args[args.index("--after") + 1]) if "--after" in args[:split] else []
+    try:
+        status = _keep(lifeline, argv)
+    finally:
+        if after:
+            _run_after(after)
+    return status if isinstance(status, int) else _exit_as(status[0])
+
+
+def _run_after(argv: list[str]) -> None:
+    """The clean-up after the tree (see the module docstring); its failure changes nothing."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=AFTER_S, check=False)
+
+
+def _keep(lifeline: int, argv: list[str]) -> int | tuple[int]:
+    """Keep the tree; the launcher's wait status (a 1-tuple, to exit as it did), or a code."""
     os.set_inheritable(lifeline, False)
     become_subreaper()
     wake_r, wake_w = os.pipe()
@@ -226,9 +254,9 @@ def main(args: list[str]) -> int:
         _reap(launcher, status)
         if not status and lifeline in ready and os.read(lifeline, 1) == b"":
             _end_tree(launcher, status, signal.SIGTERM, GRACE_S)  # the supervisor is gone
-            return _exit_as(status[0]) if status else 1
+            return (status[0],) if status else 1
     _end_tree(launcher, status, signal.SIGKILL, 0.0)  # what the launcher left behind
-    return _exit_as(status[0])
+    return (status[0],)
 
 
 if __name__ == "__main__":
