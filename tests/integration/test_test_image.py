@@ -7,7 +7,8 @@ the node at run time, so an image needs only Python and torch). `build` again fi
 prints the same name. On a test machine, over ssh as a job reaches it, with no environment
 variable: podman uses the test settings (runc) from the machine's own /etc/containers and its
 own image store, which holds the image after `load` and shares no tag with this host's or
-another machine's store.
+another machine's store. A step of the test Slurm (on this host) gets them through srun's
+environment.
 """
 
 from __future__ import annotations
@@ -110,6 +111,23 @@ def test_a_machines_podman_has_the_test_settings_and_its_own_store(image: str) -
     finally:
         _podman("rmi", ours, check=False)
         m.run("m1", ["podman", "rmi", theirs], check=False, timeout=PODMAN_TIMEOUT_S)
+
+
+def test_a_slurm_step_gets_the_settings_through_sruns_environment(image: str) -> None:
+    """The test Slurm's nodes run on this host: srun carries CONTAINERS_CONF into the step."""
+    slurm = os.environ.get("GPUFLEET_TEST_SLURM")
+    if not slurm:
+        why = "no test Slurm: $GPUFLEET_TEST_SLURM is not set (scripts/test-slurm up DIR)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI needs the test Slurm: {why}")
+        pytest.skip(why)
+    done = subprocess.run(
+        ["srun", "-N1", "-n1", "bash", "-c",
+         "echo $CONTAINERS_CONF; podman info --format '{{.Host.OCIRuntime.Name}}'"],
+        capture_output=True, text=True, timeout=PODMAN_TIMEOUT_S,
+        env={**os.environ, "SLURM_CONF": f"{slurm}/slurm.conf"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [os.environ["CONTAINERS_CONF"], "runc"]
 
 
 def test_the_settings_reach_podman_through_the_environment() -> None:
