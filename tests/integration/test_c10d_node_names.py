@@ -3,7 +3,7 @@
 `<local address or FQDN>_<pid>_<n>` (torch's `_NodeDescGenerator`), so two agents on one host
 with the same address, each the first process of a PID namespace of its own (what a container
 is by default), get the SAME name, and the rendezvous waits for a second node that, to it,
-already joined: a silent hang until the join timeout (docs/containers.md; the hang itself,
+already joined: a silent hang until the join timeout (the hang itself,
 between two podman containers, is in the issue's notes: it costs the join timeout, too slow for
 a test). Real processes in real PID namespaces (`unshare --pid`), no rendezvous run.
 """
