@@ -111,6 +111,7 @@ def test_a_machines_podman_has_the_test_settings_and_its_own_store(image: str) -
     finally:
         _podman("rmi", ours, check=False)
         m.run("m1", ["podman", "rmi", theirs], check=False, timeout=PODMAN_TIMEOUT_S)
+        m.settle()  # nothing of this test runs on a machine the next module shares
 
 
 def test_a_slurm_step_gets_the_settings_through_sruns_environment(image: str) -> None:
