@@ -13,8 +13,10 @@ through `container_opts` are refused before anything starts (`opt_problems`):
   node's address; the pids the workers report are the host's (the supervisor looks at them);
   and no container has a hostname of its own that torchrun would advertise and nobody resolve.
   The host's PID namespace is also what lets two containers on one host meet in torchrun's c10d
-  rendezvous: it names each node agent `<hostname>_<pid>_<n>`, and two containers with the
-  host's hostname and private PID namespaces both have the same small pid;
+  rendezvous: it names each node agent `<local address or FQDN>_<pid>_<n>`, and two containers
+  on one host share the address, and with private PID namespaces both torchruns are pid 1: the
+  second join overwrites the first and both wait for good (tests/integration/
+  test_c10d_node_names.py; the whole finding is in docs/images.md);
 - the host's IPC namespace (its /dev/shm: DataLoader workers and NCCL's shared-memory transport
   outgrow the runtimes' 64 MB default), unless `shm_size` asks for a private one of that size;
 - `memlock` unlimited (or the most the node may give) and a 64 MiB stack, as NGC's recipes run;
