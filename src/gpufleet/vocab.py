@@ -38,3 +38,7 @@ NVLINK_NETWORKS: tuple[str, ...] = ("nvlink", "nvswitch")  # GPU-to-GPU links in
 def spoken(words: Sequence[str]) -> str:
     """`a, b or c`: a list of choices as a help line reads it."""
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+# When a job's image is pulled on a node: never (it must be there), when missing, always.
+Pull = Literal["never", "missing", "always"]
+PULLS: tuple[str, ...] = get_args(Pull)
