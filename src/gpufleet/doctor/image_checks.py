@@ -92,7 +92,7 @@ def torch_check(f: ImageFacts) -> Check | None:
         return None
     if p.torch is None:
         said = p.torch_error or ""
-        what = ("torch is not installed" if said.startswith("No module named")
+        what = ("torch is not installed" if not said or said.startswith("No module named")
                 else f"torch does not import ({said})")
         return Check("torch", "fail", what, f"install torch in the image, or choose an image "
                      f"such as {EXAMPLE_IMAGE}")
