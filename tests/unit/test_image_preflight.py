@@ -162,3 +162,18 @@ def test_memlock_is_unlimited_when_a_child_may_raise_it() -> None:
 def replace_pull(c: Container, pull: str) -> Container:
     from dataclasses import replace
     return replace(c, pull=pull)  # type: ignore[arg-type]
+
+
+def test_docker_runs_the_probe_as_the_caller_when_not_root() -> None:
+    import os
+    asked: list[list[str]] = []
+    n = Node(run=runtime({"localhost/img:1"}, set(), asked=asked), environ={},
+             which=which_of("docker"), cuda=lambda: None, memlock=lambda: -1)
+    side = preflight(IMG, "n1", print, n)
+    [argv] = [a for a in asked if a[1] == "run"]
+    assert side.flavor == "docker" and argv[0] == "/usr/bin/docker"
+    if os.getuid() == 0:
+        assert side.uid_gid is None and "--user" not in argv
+    else:
+        assert side.uid_gid == (os.getuid(), os.getgid())
+        assert argv[argv.index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"

@@ -93,6 +93,7 @@ def probe_argv(c: Container, node: NodeSide, name: str) -> list[str]:
             "--network", "host", "--pid", "host", "--uts", "host", *ipc,
             "--ulimit", f"memlock={memlock}:{memlock}",
             "--ulimit", f"stack={STACK_BYTES}:{STACK_BYTES}",
+            *(["--user", f"{node.uid_gid[0]}:{node.uid_gid[1]}"] if node.uid_gid else []),
             *c.opts, c.image, node.python, "-c", SNIPPET]
 
 
