@@ -192,3 +192,17 @@ def test_check_image_at_submission_leaves_other_pools_to_their_nodes() -> None:
     check_image(None, "local")
     check_image(Container(image="localhost/none-such:0", pull="never"), "ssh")
     check_image(Container(image="localhost/none-such:0", pull="never"), "slurm")
+
+
+def test_doctor_image_with_a_cluster_says_which_nodes_it_did_not_check() -> None:
+    from gpufleet.doctor.command import image_reports
+    from gpufleet.doctor.model import Target
+    from gpufleet.launch.container import Container
+    from gpufleet.pool.model import Node
+
+    here = Node(id="local", address="127.0.0.1", devices=())
+    far = Target(node="n2", cluster="c1", gpu="cpu", network="ethernet", devices=())
+    [report] = image_reports(Container(image="img:1"), [far], here)  # nothing runs for n2
+    [row] = report.checks
+    assert (report.node, row.name, row.status) == ("n2", "image", "warn")
+    assert row.fix == "run `gpufleet doctor --image img:1` on n2"
