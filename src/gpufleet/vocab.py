@@ -18,12 +18,15 @@ Schedule = Literal["gpipe", "1f1b"]
 Framework = Literal["torchrun", "accelerate", "deepspeed", "ray", "horovod"]
 # How devices talk: the first three inside one node, the last two between nodes.
 Network = Literal["pcie", "nvlink", "nvswitch", "infiniband", "ethernet"]
+# When a node pulls a job's image (launch/container.py): the runtimes' own three words.
+Pull = Literal["never", "missing", "always"]
 
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 NETWORKS: tuple[str, ...] = get_args(Network)
+PULLS: tuple[str, ...] = get_args(Pull)
 
 # The strategies that say how the data-parallel dimension shares the model (tp and pp fill the
 # other dimensions and leave data parallelism to plain DDP).
@@ -38,7 +41,3 @@ NVLINK_NETWORKS: tuple[str, ...] = ("nvlink", "nvswitch")  # GPU-to-GPU links in
 def spoken(words: Sequence[str]) -> str:
     """`a, b or c`: a list of choices as a help line reads it."""
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
-
-# When a job's image is pulled on a node: never (it must be there), when missing, always.
-Pull = Literal["never", "missing", "always"]
-PULLS: tuple[str, ...] = get_args(Pull)

@@ -137,6 +137,9 @@ def test_doctor_shows_a_good_images_python_and_torch(fleet: Fleet, images: dict[
     assert re.fullmatch(r"Python 3\.1[1-9]\.\d+ \(/\S+\)", checks["python"]["detail"])
     assert re.fullmatch(r"torch \d+\.\d+\.\d+\S* \((a CPU build|CUDA \d+\.\d+)\)",
                         checks["torch"]["detail"]), checks["torch"]
+    # the node's gpufleet, mounted read-only as a job's container gets it, imports inside
+    assert checks["gpufleet"]["detail"].startswith("gpufleet, mounted read-only from local, "
+                                                   "imports"), checks["gpufleet"]
 
 
 def test_doctor_on_a_missing_image_with_pull_never(fleet: Fleet) -> None:

@@ -7,7 +7,7 @@ checked without podman (the integration tests run the real one).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 
@@ -29,7 +29,7 @@ def which_of(*present: str) -> Callable[[str], str | None]:
 def runtime(images: set[str], pullable: set[str], probe: Ran | None = None,
             asked: list[list[str]] | None = None) -> Run:
     """A podman/docker that has `images`, can pull `pullable`, and answers the probe."""
-    def run(argv: Sequence[str], timeout_s: float) -> Ran:
+    def run(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> Ran:
         args = list(argv)
         if asked is not None:
             asked.append(args)
@@ -77,7 +77,7 @@ def test_podman_comes_before_docker_and_the_override_wins() -> None:
 
 
 def test_a_runtime_whose_version_fails_is_an_error() -> None:
-    def run(argv: Sequence[str], timeout_s: float) -> Ran:
+    def run(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> Ran:
         return Ran(1, "", "Error: cannot re-exec process\n")
     found = runtime_facts(run, {}, which_of("podman"))
     assert found.error == "/usr/bin/podman --version failed: cannot re-exec process"
@@ -135,45 +135,52 @@ def test_preflight_joins_every_failure_of_the_image() -> None:
     assert -1 not in [text.find(p) for p in parts], text
 
 
-def test_the_probe_gets_the_jobs_options() -> None:
+def test_the_probe_is_the_jobs_own_container() -> None:
+    """The probe's argv is `launch.container.wrap`'s, with the snippet for the launcher: the
+    job's options, gpufleet's package mounted read-only, and no pull of its own."""
+    import gpufleet
+
     asked: list[list[str]] = []
-    c = Container(image="localhost/img:1", shm_size="8g", opts=("--cap-add=SYS_PTRACE",))
-    preflight(c, "n1", print, node(runtime({"localhost/img:1"}, set(), asked=asked), memlock=-1))
+    c = Container(image="localhost/img:1", pull="always", shm_size="8g", job="j1",
+                  opts=("--cap-add=SYS_PTRACE",))
+    preflight(c, "n1", print, node(runtime({"localhost/img:1"}, {"localhost/img:1"},
+                                           asked=asked), memlock=-1))
     [argv] = [a for a in asked if a[1] == "run"]
     image_at = argv.index("localhost/img:1")
     opts = argv[:image_at]
+    package = gpufleet.__path__[0]
     for o in (["--network", "host"], ["--pid", "host"], ["--uts", "host"], ["--shm-size", "8g"],
-              ["--ulimit", "memlock=-1:-1"], ["--pull", "never"]):
+              ["--ulimit", "memlock=-1:-1"], ["--pull", "never"], ["--label", "gpufleet.job=j1"],
+              ["-v", f"{package}:{package}:ro"]):
         assert any(opts[i:i + 2] == o for i in range(len(opts))), o
     assert "--ipc" not in opts and "--cap-add=SYS_PTRACE" in opts
     assert argv[image_at + 1:image_at + 3] == ["python3", "-c"]
+    assert argv[argv.index("--name") + 1].startswith("gpufleet-j1-n1-probe-")
+    assert sum(a[1] == "pull" for a in asked) == 1  # pulled once (always), not again by the probe
+
+
+def test_a_gpufleet_that_does_not_import_in_the_image_fails() -> None:
+    broken = Ran(0, ANSWER.replace('"gpufleet": false', '"gpufleet": false, "gpufleet_mounted": '
+                                   '"SyntaxError: invalid syntax"'), "")
+    with pytest.raises(ImageError) as err:
+        preflight(IMG, "n1", print, node(runtime({"localhost/img:1"}, set(), probe=broken)))
+    assert str(err.value) == ("image localhost/img:1 on n1: gpufleet, mounted from n1, does not "
+                              "import in the image's Python (SyntaxError: invalid syntax) "
+                              "(choose an image with Python >= 3.11, such as "
+                              "nvcr.io/nvidia/pytorch:24.06-py3)")
 
 
 def test_memlock_is_unlimited_when_a_child_may_raise_it() -> None:
     import resource
     hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
     if hard == resource.RLIM_INFINITY:
-        assert memlock_limit(lambda a, t: Ran(1, "", "")) == -1
+        assert memlock_limit(lambda a, t, env=None: Ran(1, "", "")) == -1
         return
-    assert memlock_limit(lambda a, t: Ran(0, "", "")) == -1
-    assert memlock_limit(lambda a, t: Ran(1, "", "ValueError: not allowed")) == hard
+    assert memlock_limit(lambda a, t, env=None: Ran(0, "", "")) == -1
+    assert memlock_limit(lambda a, t, env=None: Ran(1, "", "ValueError: not allowed")) == hard
 
 
 def replace_pull(c: Container, pull: str) -> Container:
     from dataclasses import replace
     return replace(c, pull=pull)  # type: ignore[arg-type]
 
-
-def test_docker_runs_the_probe_as_the_caller_when_not_root() -> None:
-    import os
-    asked: list[list[str]] = []
-    n = Node(run=runtime({"localhost/img:1"}, set(), asked=asked), environ={},
-             which=which_of("docker"), cuda=lambda: None, memlock=lambda: -1)
-    side = preflight(IMG, "n1", print, n)
-    [argv] = [a for a in asked if a[1] == "run"]
-    assert side.flavor == "docker" and argv[0] == "/usr/bin/docker"
-    if os.getuid() == 0:
-        assert side.uid_gid is None and "--user" not in argv
-    else:
-        assert side.uid_gid == (os.getuid(), os.getgid())
-        assert argv[argv.index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"

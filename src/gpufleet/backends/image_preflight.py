@@ -58,17 +58,13 @@ def gather(c: Container, node_name: str, node: Node | None = None) -> Gathered:
     if rt.error is not None or rt.path is None or rt.flavor is None:
         return Gathered(base, None)
     state = runtime.ensure_image(n.run, rt.path, rt.flavor, c.image, c.pull, n.pull_timeout_s)
-    # docker's daemon runs a container as root unless told: files the job writes into the
-    # mounted folders must stay the caller's (podman, rootless or not, already runs as them)
-    uid_gid = (os.getuid(), os.getgid()) if rt.flavor == "docker" and os.getuid() != 0 else None
-    side = NodeSide(runtime=rt.path, flavor=rt.flavor, memlock=memlock, uid_gid=uid_gid)
+    side = NodeSide(runtime=rt.path, flavor=rt.flavor, memlock=memlock)
     if state.error is not None:
         return Gathered(replace(base, image_error=state.error), side)
-    found = probe(c, side, node_name, n.run, n.probe_timeout_s)
+    found = probe(c, side, node_name, n.run, n.environ, n.probe_timeout_s)
     cuda = (n.cuda or (lambda: runtime.driver_cuda(n.run, n.which)))()
     if isinstance(found, Probed):  # the image's own interpreter, by its path inside
-        side = NodeSide(runtime=rt.path, flavor=rt.flavor, python=found.python, memlock=memlock,
-                        uid_gid=side.uid_gid)
+        side = replace(side, python=found.python)
     return Gathered(replace(base, pulled=state.pulled, probe=found, driver_cuda=cuda), side)
 
 

@@ -3,7 +3,8 @@
 The image must bring a Python >= 3.11 and torch (gpufleet's worker side is mounted from the
 node); its torch's CUDA must not be newer than the node's driver; /dev/shm inside must be big
 enough. Only the image itself can say these, so one container runs a short snippet that prints
-one JSON line. `probe_argv` and `parse_probe` are pure; `probe` is the edge.
+one JSON line. `probe_wrapped` (the job's own container argv, `launch.container.wrap`) and
+`parse_probe` are pure; `probe` is the edge.
 
 A container that did not start (the runtime refused an option, no docker daemon) is told apart
 from an image without the interpreter (the runtime's exit 127, "executable file not found") and
@@ -14,22 +15,23 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from gpufleet.backends.runtime import REASON_CHARS, Ran, Run, run_argv, short_reason
 from gpufleet.errors import excerpt
-from gpufleet.launch.container import Container, NodeSide
+from gpufleet.launch.container import Container, NodeSide, Wrapped, wrap
 
 PROBE_TIMEOUT_S = 120.0  # starting the container and importing torch; seconds on a busy node
 MARKER = "GPUFLEET_IMAGE_PROBE "  # an entrypoint may print a banner first (NGC's does)
-STACK_BYTES = 64 * 2**20  # `--ulimit stack=67108864`, as NGC's PyTorch recipes set
 
 # Plain enough for any Python 3 to parse (no f-strings, no walrus), so an old Python in the
 # image still answers with its version instead of a SyntaxError.
 SNIPPET = """\
-import importlib.util, json, os, sys
+import json, os, sys
 out = {"python": sys.executable, "python_version": "%d.%d.%d" % tuple(sys.version_info[:3])}
 try:
     import torch
@@ -46,7 +48,14 @@ try:
     out["shm_bytes"] = s.f_frsize * s.f_blocks
 except OSError:
     out["shm_bytes"] = None
-out["gpufleet"] = importlib.util.find_spec("gpufleet") is not None
+given = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
+out["gpufleet"] = any(os.path.isdir(os.path.join(p, "gpufleet")) for p in sys.path
+                      if p and p not in given)
+try:
+    import gpufleet.telemetry.wire
+    out["gpufleet_mounted"] = None
+except Exception as e:
+    out["gpufleet_mounted"] = ("%s: %s" % (type(e).__name__, e))[:200]
 print("%s%s" % (MARKER, json.dumps(out)))
 sys.stdout.flush()
 """.replace("MARKER", repr(MARKER))
@@ -63,6 +72,7 @@ class Probed:
     shm_bytes: int | None  # size of /dev/shm inside
     gpufleet: bool  # the image has its own gpufleet (informational: the node's is mounted)
     torch_error: str | None = None  # why torch did not import
+    gpufleet_mounted: str | None = None  # why the node's mounted gpufleet did not import
 
 
 @dataclass(frozen=True)
@@ -75,26 +85,20 @@ class ProbeFailed:
     reason: str
 
 
-def probe_name(node_name: str) -> str:
-    """A name of its own per probe, so a probe past its time can be removed by name."""
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in node_name)[:40]
-    return f"gpufleet-probe-{safe}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+def probe_run() -> str:
+    """The probe's run id in its container's name (`gpufleet-JOB-NODE-probe-...`): its own per
+    probe, so one past its time is removed by name."""
+    return f"probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def probe_argv(c: Container, node: NodeSide, name: str) -> list[str]:
-    """The probe's `run` with the options a job's container gets (host network, pid and uts,
-    host IPC or the asked shm size, the memlock and stack limits, the job's extra options).
-
-    The lead's `launch/container.wrap` builds the job's own argv; when it lands, this should
-    become a call to it, so the probe cannot drift from what the job gets."""
-    memlock = "-1" if node.memlock < 0 else str(node.memlock)
-    ipc = ["--shm-size", c.shm_size] if c.shm_size else ["--ipc", "host"]
-    return [node.runtime, "run", "--rm", "--name", name, "--pull", "never",
-            "--network", "host", "--pid", "host", "--uts", "host", *ipc,
-            "--ulimit", f"memlock={memlock}:{memlock}",
-            "--ulimit", f"stack={STACK_BYTES}:{STACK_BYTES}",
-            *(["--user", f"{node.uid_gid[0]}:{node.uid_gid[1]}"] if node.uid_gid else []),
-            *c.opts, c.image, node.python, "-c", SNIPPET]
+def probe_wrapped(c: Container, node: NodeSide, node_name: str, env: Mapping[str, str],
+                  workdir: str, package_dir: str) -> Wrapped:
+    """The probe as the job's own container (`launch.container.wrap`: host network, pid, uts,
+    IPC or the shm size, memlock and stack, the job's options, gpufleet's package mounted
+    read-only), running the snippet instead of the launcher. The image is already there (or
+    refused) by now: the probe never pulls."""
+    return wrap(replace(c, pull="never"), node, [node.python, "-c", SNIPPET], env, workdir,
+                package_dir, node_name, probe_run())
 
 
 def _str(doc: dict[str, Any], key: str) -> str | None:
@@ -115,7 +119,7 @@ def parse_probe(returncode: int | None, stdout: str, stderr: str,
             return Probed(str(doc.get("python", python)), str(doc.get("python_version", "?")),
                           _str(doc, "torch"), _str(doc, "torch_cuda"),
                           shm if isinstance(shm, int) else None, doc.get("gpufleet") is True,
-                          _str(doc, "torch_error"))
+                          _str(doc, "torch_error"), _str(doc, "gpufleet_mounted"))
     ran = Ran(returncode, stdout, stderr)
     reason = short_reason(ran, timeout_s)
     text = stderr.lower()
@@ -129,11 +133,17 @@ def parse_probe(returncode: int | None, stdout: str, stderr: str,
 
 
 def probe(c: Container, node: NodeSide, node_name: str, run: Run = run_argv,
+          env: Mapping[str, str] | None = None,
           timeout_s: float = PROBE_TIMEOUT_S) -> Probed | ProbeFailed:
-    """Run the probe; past its time the container is removed by name (a killed `podman run`
-    leaves its container running)."""
-    name = probe_name(node_name)
-    ran = run(probe_argv(c, node, name), timeout_s)
-    if ran.returncode is None:
-        run([node.runtime, "rm", "-f", name], 30.0)
+    """Run the probe in an empty workdir of its own; past its time the container is removed by
+    name (a killed `podman run` leaves its container running)."""
+    import gpufleet
+
+    package_dir = os.path.dirname(os.path.abspath(gpufleet.__file__))
+    with tempfile.TemporaryDirectory(prefix="gpufleet-probe-") as workdir:
+        w = probe_wrapped(c, node, node_name, dict(os.environ if env is None else env), workdir,
+                          package_dir)
+        ran = run(w.argv, timeout_s, w.env)
+        if ran.returncode is None:
+            run(w.cleanup, 30.0, w.env)
     return parse_probe(ran.returncode, ran.stdout, ran.stderr, timeout_s, node.python)

@@ -21,11 +21,11 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gpufleet.errors import excerpt
+from gpufleet.launch.container import Flavor
 
-Flavor = Literal["podman", "docker"]
 RUNTIME_ENV = "GPUFLEET_CONTAINER_RUNTIME"  # podman | docker | a path to either
 DEFAULT_RUNTIMES = ("podman", "docker")  # podman first: daemonless, rootless, CDI devices
 VERSION_TIMEOUT_S = 30.0
@@ -43,14 +43,19 @@ class Ran:
     stderr: str
 
 
-Run = Callable[[Sequence[str], float], Ran]
+class Run(Protocol):
+    """Run `argv` for at most `timeout_s` seconds, in `env` (None: this process's environment)."""
+
+    def __call__(self, argv: Sequence[str], timeout_s: float,
+                 env: Mapping[str, str] | None = None) -> Ran: ...
 
 
-def run_argv(argv: Sequence[str], timeout_s: float) -> Ran:
+def run_argv(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> Ran:
     """The real `Run`: the program with no stdin, its output captured, killed at `timeout_s`."""
     try:
         done = subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace", timeout=timeout_s, check=False)
+                              text=True, errors="replace", timeout=timeout_s, check=False,
+                              env=None if env is None else dict(env))
     except subprocess.TimeoutExpired as exc:
         def text(b: bytes | str | None) -> str:
             return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")

@@ -149,11 +149,17 @@ def memlock_check(f: ImageFacts) -> Check | None:
 
 
 def gpufleet_check(f: ImageFacts) -> Check | None:
+    """The node's gpufleet, mounted read-only, must import in the image's Python: the bootstrap
+    and the worker's reports run from it."""
     p = f.probe
     if not isinstance(p, Probed):
         return None
-    own = "has its own gpufleet" if p.gpufleet else "has no gpufleet of its own"
-    return Check("gpufleet", "pass", f"the image {own}; the node's is mounted read-only and used")
+    if p.gpufleet_mounted is not None:
+        return Check("gpufleet", "fail", f"gpufleet, mounted from {f.node}, does not import in "
+                     f"the image's Python ({p.gpufleet_mounted})", "choose an image with "
+                     f"Python >= 3.11, such as {EXAMPLE_IMAGE}")
+    own = " (the image also has its own, unused)" if p.gpufleet else ""
+    return Check("gpufleet", "pass", f"gpufleet, mounted read-only from {f.node}, imports{own}")
 
 
 def run_all(f: ImageFacts) -> list[Check]:
