@@ -181,6 +181,9 @@ def test_doctor_flags_are_validated_naming_each_field() -> None:
     assert [f for f, _ in err.value.problems] == ["pull", "shm_size"]
     assert "never, missing or always" in str(err.value)
     assert container_of("img:1", "never", "8g", ("--cap-add=SYS_PTRACE",)).shm_size == "8g"
+    with pytest.raises(SpecError) as err:
+        container_of("img:1", opts=("--network=bridge",))
+    assert [f for f, _ in err.value.problems] == ["container_opt"]
 
 
 def test_check_image_at_submission_leaves_other_pools_to_their_nodes() -> None:

@@ -26,7 +26,7 @@ from rich.text import Text
 from gpufleet.doctor import checks
 from gpufleet.doctor.model import Check, Target
 from gpufleet.errors import ConflictError, GpufleetError, SpecError, excerpt
-from gpufleet.launch.container import Container
+from gpufleet.launch.container import Container, opt_problems
 from gpufleet.pool.model import Device, Node
 from gpufleet.vocab import PULLS, Pull, spoken
 
@@ -195,6 +195,7 @@ def container_of(image: str, pull: str = "missing", shm_size: str | None = None,
     if shm_size is not None and not re.fullmatch(r"[0-9]+[bkmgBKMG]?", shm_size):
         problems.append(("shm_size", f"a size such as 8g (a number with b, k, m or g); got "
                          f"{excerpt(shm_size)}"))
+    problems.extend(opt_problems(opts))  # what gpufleet sets itself is refused, as for a job
     if not image.strip():
         problems.append(("image", "an image name, e.g. nvcr.io/nvidia/pytorch:24.06-py3"))
     if problems:
