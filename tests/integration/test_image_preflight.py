@@ -177,6 +177,25 @@ def test_submission_refuses_an_image_without_torch(images: dict[str, str]) -> No
     assert line == (f"image {images['notorch']} on local: torch is not installed (install "
                     "torch in the image, or choose an image such as "
                     "nvcr.io/nvidia/pytorch:24.06-py3)")
+    # /dev/shm as measured inside: a private one of 64 MiB (below what a spec allows, given
+    # here directly to see the probe measure it) is refused with the fix
+    line = refusal(Container(image=images["notorch"], opts=site_ulimits(), shm_size="64m"))
+    assert line.endswith(f"; image {images['notorch']} on local: /dev/shm inside is 64 MiB "
+                         "(--shm-size 64m); DataLoader workers and NCCL need at least 1.0 GiB "
+                         "(run with a larger --shm-size, e.g. --shm-size 8g)"), line
+
+
+def test_a_docker_client_without_a_daemon_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The docker client here has no daemon: a runtime that does not answer, not a missing
+    image."""
+    if shutil.which("docker") is None:
+        pytest.skip("no docker client")
+    monkeypatch.setenv("GPUFLEET_CONTAINER_RUNTIME", "docker")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/gpufleet-test-docker.sock")
+    line = refusal(Container(image=MISSING))
+    assert re.fullmatch(rf"image {re.escape(MISSING)} on local: docker \S+ \(\S+\) does not "
+                        r"answer: .*\(fix: start the runtime's service \(docker: its daemon\).*",
+                        line), line
 
 
 def test_no_python_is_told_apart_from_a_runtime_that_cannot_start(images: dict[str, str]) -> None:

@@ -184,3 +184,19 @@ def replace_pull(c: Container, pull: str) -> Container:
     from dataclasses import replace
     return replace(c, pull=pull)  # type: ignore[arg-type]
 
+
+
+def test_a_docker_without_its_daemon_is_a_runtime_failure_not_a_missing_image() -> None:
+    def run(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> Ran:
+        if argv[1:] == ["--version"]:
+            return Ran(0, "Docker version 28.2.2, build e6534b4\n", "")
+        return Ran(1, "\n", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+                   "Is the docker daemon running?\n")
+    n = Node(run=run, environ={}, which=which_of("docker"), cuda=lambda: None, memlock=lambda: -1)
+    with pytest.raises(ImageError) as err:
+        preflight(IMG, "n1", print, n)
+    assert str(err.value) == (
+        "image localhost/img:1 on n1: docker 28.2.2 (/usr/bin/docker) does not answer: Cannot "
+        "connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon "
+        "running? (fix: start the runtime's service (docker: its daemon), or choose another "
+        "with GPUFLEET_CONTAINER_RUNTIME=podman|docker|PATH)")

@@ -59,6 +59,9 @@ def gather(c: Container, node_name: str, node: Node | None = None) -> Gathered:
         return Gathered(base, None)
     state = runtime.ensure_image(n.run, rt.path, rt.flavor, c.image, c.pull, n.pull_timeout_s)
     side = NodeSide(runtime=rt.path, flavor=rt.flavor, memlock=memlock)
+    if state.runtime_error is not None:
+        return Gathered(replace(base, runtime_error=f"{rt.flavor} {rt.version} ({rt.path}) does "
+                                f"not answer: {state.runtime_error}"), None)
     if state.error is not None:
         return Gathered(replace(base, image_error=state.error), side)
     found = probe(c, side, node_name, n.run, n.environ, n.probe_timeout_s)

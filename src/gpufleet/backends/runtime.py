@@ -123,11 +123,13 @@ def runtime_facts(run: Run, environ: Mapping[str, str],
 @dataclass(frozen=True)
 class ImageState:
     """Whether the image is on the node now; `pulled` when this call fetched it; `error` the
-    runtime's reason when it is not there and could not be pulled."""
+    runtime's reason when it is not there and could not be pulled; `runtime_error` when the
+    runtime could not be asked at all."""
 
     present: bool
     pulled: bool = False
     error: str | None = None
+    runtime_error: str | None = None  # the runtime could not even say (no docker daemon)
 
 
 def image_present(run: Run, runtime: str, flavor: Flavor, image: str) -> bool | str:
@@ -157,7 +159,7 @@ def ensure_image(run: Run, runtime: str, flavor: Flavor, image: str, policy: str
     """The image on the node per the pull policy; a pull is bounded by `pull_timeout_s`."""
     present = image_present(run, runtime, flavor, image)
     if isinstance(present, str):
-        return ImageState(False, error=present)
+        return ImageState(False, runtime_error=present)
     decision = pull_decision(policy, present)
     if decision == "use":
         return ImageState(True)

@@ -50,7 +50,9 @@ def _version(text: str) -> tuple[int, ...]:
 
 def runtime_check(f: ImageFacts) -> Check:
     if f.runtime_error is not None:
-        return Check("runtime", "fail", f.runtime_error, RUNTIME_FIX)
+        return Check("runtime", "fail", f.runtime_error, RUNTIME_FIX if f.runtime is None else
+                     "start the runtime's service (docker: its daemon), or choose another with "
+                     "GPUFLEET_CONTAINER_RUNTIME=podman|docker|PATH")
     if isinstance(f.probe, ProbeFailed) and f.probe.kind == "start":
         return Check("runtime", "fail", f"{f.runtime_version} could not start a container: "
                      f"{f.probe.reason}", "run the same `run` by hand on the node to see why; "
