@@ -10,6 +10,8 @@
     +-- ForbiddenError            no token, an unknown one, or a user acting on what is not
                                   theirs (another's job, an admin command)
     +-- ServerError               a server that cannot be reached, or speaks another API version
+    +-- ImageError                a job's image cannot run on a node: no runtime, not there and
+                                  not pullable, no Python/torch, CUDA newer than the driver
 
 Anything else reaching the CLI is a bug and is shown as such.
 """
@@ -66,6 +68,11 @@ class ForbiddenError(GpufleetError):
 
 class ServerError(GpufleetError):
     pass
+
+
+class ImageError(GpufleetError):
+    """The node's preflight of a job's image failed: one line per failing check, each naming
+    the image, the node and the fix (`backends.image_preflight`)."""
 
 
 class LimitError(ConflictError):

@@ -20,6 +20,7 @@ from gpufleet.cli.options import (
     default,
 )
 from gpufleet.errors import SpecError
+from gpufleet.vocab import PULLS, spoken
 
 
 def here_only(command: str) -> None:
@@ -33,14 +34,29 @@ def doctor(
     cluster: Annotated[str | None, typer.Option(
         "--cluster", "-c", help="Check this cluster's devices and environment.")] = None,
     as_json: Json = False,
+    image: Annotated[str | None, typer.Option(
+        "--image", help="Check this container image on this host instead: the runtime, the "
+        "image, its Python, torch, CUDA against the driver, /dev/shm.")] = None,
+    pull: Annotated[str, typer.Option(
+        "--pull", help=f"With --image: {spoken(PULLS)}.")] = "missing",
+    shm_size: Annotated[str | None, typer.Option(
+        "--shm-size", help="With --image: the job's --shm-size, e.g. 8g." + default(
+            "host IPC"))] = None,
+    container_opts: Annotated[list[str] | None, typer.Option(
+        "--container-opt", help="With --image: an extra runtime option the job passes "
+        "(repeatable).")] = None,
 ) -> None:
     """Check this machine for training: devices, driver/CUDA/torch/NCCL versions, BF16,
-    topology, NCCL settings, /dev/shm, open files, disk, and a real all-reduce."""
+    topology, NCCL settings, /dev/shm, open files, disk, and a real all-reduce; or, with
+    --image, that image."""
     if cluster is not None:  # without --cluster it checks this machine, server or not
         here_only("doctor --cluster")
+    from gpufleet.doctor.command import container_of
     from gpufleet.doctor.command import doctor as run_doctor
 
-    raise typer.Exit(run_doctor(cluster, as_json, out))
+    container = (container_of(image, pull, shm_size, tuple(container_opts or ()))
+                 if image is not None else None)
+    raise typer.Exit(run_doctor(cluster, as_json, out, container))
 
 
 bench_app = group("Measure a cluster (collective bandwidth, a script's scaling) and save a "

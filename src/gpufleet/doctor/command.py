@@ -1,8 +1,11 @@
-"""`gpufleet doctor [--cluster NAME] [--json]`: check a node before paying for a job on it.
+"""`gpufleet doctor [--cluster NAME] [--image IMAGE ...] [--json]`: check a node before paying
+for a job on it.
 
 Per node: pick what to check (a cluster's reserved devices, or this host's GPUs, else 2 CPU
 workers), gather the facts, judge them, print. Doctor reserves nothing and writes nothing to the
-store; the all-reduce's processes are gone when it returns.
+store; the all-reduce's processes are gone when it returns. With `--image` it checks that image
+on this host instead (`doctor/image_checks.py`): the runtime, the image, its Python, torch,
+CUDA and /dev/shm, through one short run of it.
 
 `python -m gpufleet.doctor.command` runs the same command without the Typer CLI.
 """
@@ -11,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
 from rich.table import Table
@@ -21,8 +25,10 @@ from rich.text import Text
 
 from gpufleet.doctor import checks
 from gpufleet.doctor.model import Check, Target
-from gpufleet.errors import ConflictError, GpufleetError
+from gpufleet.errors import ConflictError, GpufleetError, SpecError, excerpt
+from gpufleet.launch.container import Container, opt_problems
 from gpufleet.pool.model import Device, Node
+from gpufleet.vocab import PULLS, Pull, spoken
 
 if TYPE_CHECKING:
     from gpufleet.backends.base import Reaches
@@ -162,7 +168,43 @@ def render(reports: list[NodeReport], console: Console) -> None:
     console.print(Text(checks.summary_line(counts), style=style))
 
 
-def doctor(cluster: str | None, as_json: bool, console: Console) -> int:
+def image_reports(container: Container, targets: list[Target] | None,
+                  node: Node) -> list[NodeReport]:
+    """The image's checks on this host; another node of the cluster is said, not checked (its
+    own preflight checks it before its workers start)."""
+    from gpufleet.backends.image_preflight import checks as image_checks
+
+    reports = []
+    for target in targets if targets is not None else [default_target(node)]:
+        if target.node != node.id:
+            reports.append(NodeReport(target.node, target.cluster, [Check(
+                "image", "warn", f"not checked: doctor --image probes this host ({node.id}) only",
+                f"run `gpufleet doctor --image {container.image}` on {target.node}")]))
+            continue
+        reports.append(NodeReport(target.node, target.cluster,
+                                  image_checks(container, target.node)[1]))
+    return reports
+
+
+def container_of(image: str, pull: str = "missing", shm_size: str | None = None,
+                 opts: tuple[str, ...] = ()) -> Container:
+    """doctor's flags as the job's ask; a bad value is a SpecError naming the flag."""
+    problems = []
+    if pull not in PULLS:
+        problems.append(("pull", f"must be one of: {spoken(PULLS)}; got {excerpt(pull)}"))
+    if shm_size is not None and not re.fullmatch(r"[0-9]+[bkmgBKMG]?", shm_size):
+        problems.append(("shm_size", f"a size such as 8g (a number with b, k, m or g); got "
+                         f"{excerpt(shm_size)}"))
+    problems.extend(opt_problems(opts))  # what gpufleet sets itself is refused, as for a job
+    if not image.strip():
+        problems.append(("image", "an image name, e.g. nvcr.io/nvidia/pytorch:24.06-py3"))
+    if problems:
+        raise SpecError(problems)
+    return Container(image=image, pull=cast(Pull, pull), shm_size=shm_size, opts=opts)
+
+
+def doctor(cluster: str | None, as_json: bool, console: Console,
+           container: Container | None = None) -> int:
     """Check the cluster's node(s), or this host; print a table or JSON on `console`.
 
     Returns the exit code: 1 when any check fails, else 0. An unknown cluster raises
@@ -174,7 +216,9 @@ def doctor(cluster: str | None, as_json: bool, console: Console) -> int:
     engine = cluster_engine(cluster) if cluster is not None else None
     # No state_dir: an unusable $GPUFLEET_HOME is the disk check's finding, not an error here.
     [node] = LocalBackend().discover()
-    if as_json or not console.is_terminal:
+    if container is not None:
+        reports = image_reports(container, targets, node)
+    elif as_json or not console.is_terminal:
         reports = check_nodes(targets, node, engine)
     else:
         with console.status("Checking (the all-reduce takes a few seconds)..."):
@@ -196,10 +240,17 @@ def main(args: list[str] | None = None) -> int:
         "open-file limit, disk and a real all-reduce."))
     parser.add_argument("--cluster", help="check this cluster's devices (default: this host)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--image", help="check this image on this host instead")
+    parser.add_argument("--pull", default="missing", help="never, missing or always")
+    parser.add_argument("--shm-size", help="the job's --shm-size (default: host IPC)")
+    parser.add_argument("--container-opt", action="append", default=[],
+                        help="an extra runtime option the job passes (repeatable)")
     opts = parser.parse_args(args)
     out = Console(width=None if Console().is_terminal else 160)
     try:
-        return doctor(opts.cluster, opts.json, out)
+        container = (container_of(opts.image, opts.pull, opts.shm_size,
+                                  tuple(opts.container_opt)) if opts.image is not None else None)
+        return doctor(opts.cluster, opts.json, out, container)
     except GpufleetError as e:
         err = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
         err.print(Text.assemble(("error: ", "bold red"), str(e)), highlight=False, soft_wrap=True)

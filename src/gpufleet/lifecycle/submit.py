@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import ConflictError, GpufleetError, SpecError
@@ -29,12 +29,16 @@ from gpufleet.lifecycle.admission import (
     or_raise,
 )
 from gpufleet.lifecycle.provision import Approve, allocation, provision
+from gpufleet.lifecycle.say import told
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Placement
 from gpufleet.script_file import parse_job_here
 from gpufleet.spec import ClusterSpec, JobSpec
 from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Job, Store, gpufleet_home
+
+if TYPE_CHECKING:
+    from gpufleet.launch.container import Container
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,20 @@ def check_framework(spec: JobSpec) -> None:
         problem = "horovodrun is not on PATH; install horovod with its launcher"
     if problem:
         raise SpecError([("framework", problem)])
+
+
+def check_image(container: Container | None, kind: str | None,
+                say: Callable[[str], None] | None = None) -> None:
+    """Refuse, before anything is reserved, a job whose image cannot run on the pool's node
+    when that node is this machine (the local pool): the node's own preflight, run here now,
+    so a missing image or one without torch is exit 2 with nothing held. Other pools' nodes
+    are not this machine: each checks itself before its workers start (NodeAgent.start)."""
+    if container is None or not capabilities(kind).this_host:
+        return
+    from gpufleet.backends.image_preflight import preflight
+    from gpufleet.backends.local import NODE_ID
+
+    preflight(container, NODE_ID, told(say))
 
 
 def _importable(module: str) -> bool:
