@@ -19,10 +19,10 @@ import sys
 import tarfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fleet_helpers import Fleet
+from images import image_or_skip
 
 from gpufleet.errors import ImageError
 from gpufleet.launch.container import Container
@@ -34,30 +34,10 @@ PODMAN_TIMEOUT_S = 300  # a wait on a loaded machine, not a verdict
 
 
 def test_image() -> str:
-    """The test image's name: GPUFLEET_TEST_IMAGE (until tests/integration/images.py lands);
-    skipped without it, failed under CI, which must have it."""
-    name = os.environ.get("GPUFLEET_TEST_IMAGE", "")
-    if not name or shutil.which("podman") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI needs podman and GPUFLEET_TEST_IMAGE (scripts/test-image)")
-        pytest.skip("no podman, or GPUFLEET_TEST_IMAGE unset (scripts/test-image makes one)")
-    return name
+    return image_or_skip()
 
 
 test_image.__test__ = False  # type: ignore[attr-defined]
-
-
-def site_ulimits() -> tuple[str, ...]:
-    """The test podman configuration's default ulimits, as --container-opt options.
-
-    podman 4.3 drops containers.conf's `default_ulimits` whenever the command line has any
-    `--ulimit` (the job's memlock and stack), so the nofile/nproc this host needs (its defaults
-    are refused here) must come with the job, as a site would pass them."""
-    conf = os.environ.get("CONTAINERS_CONF")
-    if not conf or not Path(conf).is_file():
-        return ()
-    m = re.search(r"default_ulimits\s*=\s*\[([^\]]*)\]", Path(conf).read_text())
-    return tuple(f"--ulimit={u}" for u in re.findall(r'"([^"]+)"', m.group(1))) if m else ()
 
 
 def podman(*args: str) -> subprocess.CompletedProcess[str]:
@@ -114,8 +94,7 @@ def images() -> Iterator[dict[str, str]]:
 
 
 def doctor(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
-    opts = [f"--container-opt={o}" for o in site_ulimits()]
-    return subprocess.run([*DOCTOR, *args, *opts], env=fleet.env(), cwd=fleet.cwd,
+    return subprocess.run([*DOCTOR, *args], env=fleet.env(), cwd=fleet.cwd,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
 
 
@@ -173,13 +152,13 @@ def test_submission_refuses_a_missing_image_in_one_line() -> None:
 
 
 def test_submission_refuses_an_image_without_torch(images: dict[str, str]) -> None:
-    line = refusal(Container(image=images["notorch"], opts=site_ulimits()))
+    line = refusal(Container(image=images["notorch"]))
     assert line == (f"image {images['notorch']} on local: torch is not installed (install "
                     "torch in the image, or choose an image such as "
                     "nvcr.io/nvidia/pytorch:24.06-py3)")
     # /dev/shm as measured inside: a private one of 64 MiB (below what a spec allows, given
     # here directly to see the probe measure it) is refused with the fix
-    line = refusal(Container(image=images["notorch"], opts=site_ulimits(), shm_size="64m"))
+    line = refusal(Container(image=images["notorch"], shm_size="64m"))
     assert line.endswith(f"; image {images['notorch']} on local: /dev/shm inside is 64 MiB "
                          "(--shm-size 64m); DataLoader workers and NCCL need at least 1.0 GiB "
                          "(run with a larger --shm-size, e.g. --shm-size 8g)"), line
@@ -199,10 +178,10 @@ def test_a_docker_client_without_a_daemon_is_one_line(monkeypatch: pytest.Monkey
 
 
 def test_no_python_is_told_apart_from_a_runtime_that_cannot_start(images: dict[str, str]) -> None:
-    line = refusal(Container(image=images["nopython"], opts=site_ulimits()))
+    line = refusal(Container(image=images["nopython"]))
     assert line.startswith(f"image {images['nopython']} on local: python3 is not in the image")
     # an option the runtime refuses: the container never starts, and the runtime says why
-    line = refusal(Container(image=images["good"], opts=(*site_ulimits(), "--ulimit=bogus=1:1")))
+    line = refusal(Container(image=images["good"], opts=("--ulimit=bogus=1:1",)))
     assert re.match(rf"image {re.escape(images['good'])} on local: podman \S+ could not start "
                     r"a container: .*bogus", line), line
 

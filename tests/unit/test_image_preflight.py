@@ -200,3 +200,18 @@ def test_a_docker_without_its_daemon_is_a_runtime_failure_not_a_missing_image() 
         "connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon "
         "running? (fix: start the runtime's service (docker: its daemon), or choose another "
         "with GPUFLEET_CONTAINER_RUNTIME=podman|docker|PATH)")
+
+
+def test_podmans_configured_ulimits_are_passed_again_except_the_two_gpufleet_sets() -> None:
+    from gpufleet.backends.runtime import configured_ulimits
+
+    files = {"/etc/containers/containers.conf":
+             '[containers]\ndefault_ulimits = ["nofile=1024:2048", "memlock=1:1"]\n',
+             "/t.conf": '[containers]\ndefault_ulimits = ["nproc=10:10", "stack=1:1"]\n',
+             "/h/.config/containers/containers.conf": "[engine]\nruntime = 'runc'\n"}
+    assert configured_ulimits("podman", {"HOME": "/h"}, files.get) == ("nofile=1024:2048",)
+    # CONTAINERS_CONF is then the only file podman reads
+    assert configured_ulimits("podman", {"CONTAINERS_CONF": "/t.conf"}, files.get) == ("nproc=10:10",)
+    assert configured_ulimits("docker", {"CONTAINERS_CONF": "/t.conf"}, files.get) == ()
+    assert configured_ulimits("podman", {"HOME": "/h"}, {"/etc/containers/containers.conf":
+                                                         "not toml ["}.get) == ()

@@ -34,6 +34,7 @@ class Node:
     which: Callable[[str], str | None] = shutil.which
     cuda: Callable[[], str | None] | None = None
     memlock: Callable[[], int] | None = None
+    read: Callable[[str], str | None] = runtime.read_text  # a configuration file's text
     pull_timeout_s: float = runtime.PULL_TIMEOUT_S
     probe_timeout_s: float = PROBE_TIMEOUT_S
 
@@ -58,7 +59,8 @@ def gather(c: Container, node_name: str, node: Node | None = None) -> Gathered:
     if rt.error is not None or rt.path is None or rt.flavor is None:
         return Gathered(base, None)
     state = runtime.ensure_image(n.run, rt.path, rt.flavor, c.image, c.pull, n.pull_timeout_s)
-    side = NodeSide(runtime=rt.path, flavor=rt.flavor, memlock=memlock)
+    side = NodeSide(runtime=rt.path, flavor=rt.flavor, memlock=memlock,
+                    ulimits=runtime.configured_ulimits(rt.flavor, n.environ, n.read))
     if state.runtime_error is not None:
         return Gathered(replace(base, runtime_error=f"{rt.flavor} {rt.version} ({rt.path}) does "
                                 f"not answer: {state.runtime_error}"), None)

@@ -19,6 +19,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -191,6 +192,49 @@ def memlock_limit(run: Run = run_argv) -> int:
         return -1
     ran = run([sys.executable, "-c", RAISE_MEMLOCK], VERSION_TIMEOUT_S)
     return -1 if ran.returncode == 0 else hard
+
+
+# podman's configuration files, in the order it reads them (a later one wins); CONTAINERS_CONF,
+# when set, is the only one (containers.conf(5))
+PODMAN_CONFS = ("/usr/share/containers/containers.conf", "/etc/containers/containers.conf")
+
+
+def configured_ulimits(flavor: Flavor, environ: Mapping[str, str],
+                       read: Callable[[str], str | None]) -> tuple[str, ...]:
+    """The default ulimits podman's containers.conf gives every container, other than the two
+    gpufleet sets (memlock, stack). podman 4 drops ALL of them as soon as a command line has
+    one `--ulimit`, so a job's container would start without the node's nofile and nproc
+    defaults (a node whose runtime refuses its built-in ones then cannot start any); gpufleet
+    passes them again. docker's daemon merges its own defaults with a container's: nothing to
+    do there. `read`: a file's text, None when there is none."""
+    if flavor != "podman":
+        return ()
+    if environ.get("CONTAINERS_CONF"):
+        paths: list[str] = [environ["CONTAINERS_CONF"]]
+    else:
+        home = environ.get("XDG_CONFIG_HOME") or (environ.get("HOME", "") + "/.config")
+        paths = [*PODMAN_CONFS, f"{home}/containers/containers.conf"]
+    found: list[str] = []
+    for path in paths:
+        text = read(path)
+        if text is None:
+            continue
+        try:
+            conf = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            continue  # podman itself says what is wrong with it
+        limits = conf.get("containers", {}).get("default_ulimits")
+        if isinstance(limits, list):
+            found = [str(x) for x in limits]
+    return tuple(x for x in found if x.partition("=")[0] not in ("memlock", "stack"))
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def parse_smi_cuda(header: str) -> str | None:

@@ -101,6 +101,9 @@ class NodeSide:
     flavor: Flavor
     python: str = "python3"  # the image's interpreter
     memlock: int = NO_LIMIT  # bytes, or NO_LIMIT where the node may raise the limit
+    # the runtime's configured default ulimits, passed again (backends/runtime.py
+    # configured_ulimits: podman drops them when a command line has any --ulimit)
+    ulimits: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,7 @@ def wrap(c: Container, node: NodeSide, argv: Sequence[str], env: Mapping[str, st
             *(["--shm-size", c.shm_size] if c.shm_size else ["--ipc", "host"]),
             "--ulimit", f"memlock={memlock}:{memlock}",
             "--ulimit", f"stack={STACK_BYTES}:{STACK_BYTES}",
+            *[w for u in node.ulimits for w in ("--ulimit", u)],
             *device_args(node.flavor, pinned),
             *[w for m in mounts for w in ("-v", f"{m.path}:{m.path}" + (":ro" if m.read_only else ""))],
             "--workdir", cwd,
