@@ -2,8 +2,9 @@
 # The GPU path in one short run, for a machine with NVIDIA GPUs (the `device` tool's machine,
 # or any other): the example GPT on NCCL (the demo's job), `doctor`, `bench allreduce`, an FSDP
 # bf16 job whose measured peak CUDA memory (`cuda_max_allocated_bytes`) is compared with
-# `gpufleet plan`'s memory for the same model and layout, and the NVML telemetry the supervisor
-# recorded while that job ran. Three files go to $OUT when set (as the device tool sets it, which
+# `gpufleet plan`'s memory for the same model and layout, the NVML telemetry the supervisor
+# recorded while that job ran, and the demo's job again in a container image when one is there
+# (step 5). Three files go to $OUT when set (as the device tool sets it, which
 # brings back at most 8), else to bench/gpu-check-out/: summary.json (the figures), steps.tsv
 # (each step's exit code and seconds) and gpu-check-files.tar.gz (every log and JSON answer).
 # About 3-5 minutes; each step has its own time limit, so the whole stays under 8.
@@ -116,6 +117,33 @@ step plan 60 "${GF[@]}" plan --config "$out/model-config.json" --gpu "$plan_gpu"
   --samples "$((batch * count * steps))" --json
 cp "$out/plan.log" "$out/plan.json"
 gf stop g >/dev/null 2>&1
+
+# -- 5. the demo's job in a container image (issue 30): CDI devices, no registry -----------------
+# The image is one the machine has (GPUFLEET_CHECK_IMAGE), or a tarball carried with the run
+# (GPUFLEET_CHECK_IMAGE_TAR: `podman load`). A CUDA build of torch does not fit the device tool's
+# 64 MiB carry, so on a bare GPU machine with neither this step says "skipped" and why. podman
+# reaches GPUs through CDI: its spec is made once with nvidia-ctk when missing.
+image=${GPUFLEET_CHECK_IMAGE:-}
+runtime=$(command -v podman || command -v docker || true)
+if [ -z "$image" ] && [ -n "${GPUFLEET_CHECK_IMAGE_TAR:-}" ] && [ -n "$runtime" ]; then
+  image=$("$runtime" load -q -i "$GPUFLEET_CHECK_IMAGE_TAR" 2>>"$out/image-load.log" \
+    | sed -n 's/^Loaded image[^:]*: *//p' | tail -n1)
+fi
+if [ -z "$runtime" ] || [ -z "$image" ]; then
+  echo "skipped: ${runtime:-no podman or docker}; image '${image}' (set GPUFLEET_CHECK_IMAGE or GPUFLEET_CHECK_IMAGE_TAR)" \
+    >"$out/image.log"
+  printf 'image\tskipped\t0\n' >>"$out/steps.tsv"
+else
+  if [ "$mode" = gpu ] && [ "${runtime##*/}" = podman ] && command -v nvidia-ctk >/dev/null \
+      && ! nvidia-ctk cdi list 2>/dev/null | grep -q nvidia.com/gpu; then
+    nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml >"$out/cdi.log" 2>&1
+  fi
+  step image-doctor 120 "${GF[@]}" doctor --image "$image" --json
+  step image 240 "${GF[@]}" run examples/gpt.py --gpu "$gpu" --count "$count" "${slots[@]}" -y \
+    --name demo-image --image "$image" -- --steps 200
+  gf status demo-image --json >"$out/demo-image-status.json" 2>>"$out/image.log"
+  "$runtime" ps -a --filter label=gpufleet.job --format '{{.Names}}' >"$out/image-leftovers.txt" 2>&1
+fi
 
 # -- the figures -------------------------------------------------------------------------------
 "$PY" "$root/bench/gpu_check_report.py" "$out"

@@ -21,11 +21,13 @@ def _load(path: Path) -> Any:
         return None
 
 
-def _steps(out: Path) -> dict[str, dict[str, int]]:
-    rows = {}
+def _steps(out: Path) -> dict[str, dict[str, int | str]]:
+    """Each step's exit code and seconds; a step that did not run has the exit `skipped`."""
+    rows: dict[str, dict[str, int | str]] = {}
     for line in (out / "steps.tsv").read_text().splitlines()[1:]:
         name, code, seconds = line.split("\t")
-        rows[name] = {"exit": int(code), "seconds": int(seconds)}
+        rows[name] = {"exit": int(code) if code.lstrip("-").isdigit() else code,
+                      "seconds": int(seconds)}
     return rows
 
 
@@ -79,11 +81,14 @@ def main(out: Path) -> int:
         "fsdp": _job(_load(out / "fsdp-status.json")),
         "fsdp_memory": _memory(_load(out / "fsdp-status.json"), _load(out / "plan.json")),
         "fsdp_nvml_while_running": _device_readings(_load(out / "fsdp-status-running.json")),
+        "demo_image": _job(_load(out / "demo-image-status.json")),
+        "image_leftovers": (out / "image-leftovers.txt").read_text().split()
+        if (out / "image-leftovers.txt").exists() else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     for name, row in summary["steps"].items():
-        print(f"{name:10} exit {row['exit']:3}  {row['seconds']:4} s")
-    for name in ("demo", "fsdp"):
+        print(f"{name:12} exit {row['exit']!s:>7}  {row['seconds']:4} s")
+    for name in ("demo", "fsdp", "demo_image"):
         job = summary[name]
         if job:
             print(f"{name}: {job['status']}, {job['layout']}, step {job['step']}/"
@@ -92,7 +97,7 @@ def main(out: Path) -> int:
     print("fsdp memory:", json.dumps(summary["fsdp_memory"]))
     print("nvml while running:", json.dumps(summary["fsdp_nvml_while_running"])[:600])
     print(f"summary: {out / 'summary.json'}")
-    return 0 if all(r["exit"] == 0 for r in summary["steps"].values()) else 1
+    return 0 if all(r["exit"] in (0, "skipped") for r in summary["steps"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -149,6 +149,9 @@ class ClusterSpec(_Spec):
     # how long the cluster may hold its nodes: an engine that allocates (Slurm) is asked for
     # exactly this (sbatch --time); None: the partition's own limit
     time_limit: str | None = None
+    # the image every job on this cluster runs in unless it names its own (`launch --image`;
+    # lifecycle/images.py)
+    image: ImageRef | None = None
 
     @field_validator("name")
     @classmethod

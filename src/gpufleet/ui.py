@@ -129,6 +129,8 @@ def summary_table(v: JobView) -> Table:
     ]
     if v.layout:
         rows.insert(1, ("layout", v.layout))
+    if v.image:
+        rows.insert(1, ("image", v.image))
     if v.model_state:
         rows.append(("model state", model_state_line(v.model_state)))
     for k, val in rows:

@@ -40,7 +40,8 @@ def test_run_help_groups_its_options_into_panels(run_help: str) -> None:
     titles = [line.split("─ ", 1)[1].split(" ─", 1)[0] for line in run_help.splitlines()
               if line.startswith("╭─ ")]
     assert titles == ["Arguments", "Cluster", "Layout", "Precision and framework", "Survival",
-                      "Code and environment that travel", "Progress of any script",
+                      "Code and environment that travel", "Container image",
+                      "Progress of any script",
                       "Queue", "Output"]
 
 

@@ -186,15 +186,16 @@ def test_doctor_flags_are_validated_naming_each_field() -> None:
     assert [f for f, _ in err.value.problems] == ["container_opt"]
 
 
-def test_check_image_at_submission_leaves_other_pools_to_their_nodes() -> None:
-    from gpufleet.launch.container import Container
-    from gpufleet.lifecycle.submit import check_image
+def test_check_at_submission_leaves_other_pools_images_to_their_nodes() -> None:
+    from gpufleet.lifecycle.submit import check_environment
+    from gpufleet.spec import JobSpec
 
-    # no image, or a pool whose nodes are not this machine: nothing is asked here (a runtime
-    # call would fail: this image does not exist anywhere)
-    check_image(None, "local")
-    check_image(Container(image="localhost/none-such:0", pull="never"), "ssh")
-    check_image(Container(image="localhost/none-such:0", pull="never"), "slurm")
+    # a pool whose nodes are not this machine: nothing is asked here (a runtime call would
+    # fail: this image does not exist anywhere)
+    for kind in ("ssh", "slurm", "ray"):
+        check_environment(JobSpec(script="t.py", image="localhost/none-such:0", pull="never"),
+                          kind)
+    check_environment(JobSpec(script="t.py"), "local")  # torch is importable here
 
 
 def test_doctor_image_with_a_cluster_says_which_nodes_it_did_not_check() -> None:

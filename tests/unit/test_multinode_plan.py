@@ -16,6 +16,7 @@ from placements import JOB_DIR, PY, ctx
 
 from gpufleet.backends.ray_run import tag
 from gpufleet.launch import multinode
+from gpufleet.launch.container import Container
 from gpufleet.launch.frameworks import Rendezvous, build
 from gpufleet.pool.model import Device, Node, Placement
 from gpufleet.spec import JobSpec
@@ -255,3 +256,14 @@ def test_tagged_lines_split_back(node: str, line: str, rank: int | None, text: s
 @pytest.mark.parametrize("line", ["[rankings] top 5", "[rank0] no colon"])
 def test_agent_lines_that_look_like_a_rank_keep_their_text(line: str) -> None:
     assert split_line(tag("head", line)) == (None, line)
+
+
+def test_the_jobs_image_travels_to_every_node_with_the_run() -> None:
+    p = make_plan(image="nvcr.io/nvidia/pytorch:24.06-py3", pull="never",
+                  container_opts=["--cap-add=SYS_PTRACE"], shm_size="8g")
+    for n in p["nodes"]:
+        c = Container.from_json(n["container"])
+        assert c == Container("nvcr.io/nvidia/pytorch:24.06-py3", "never",
+                              ("--cap-add=SYS_PTRACE",), "8g", "train-ab12")
+        assert n["run"] == "train-ab12-0"
+    assert all(n["container"] is None for n in make_plan()["nodes"])

@@ -69,7 +69,7 @@ def test_the_clean_up_step_covers_the_shipped_nodes_not_lost() -> None:
 
 
 def test_the_clean_up_line_says_what_each_node_did_or_warns() -> None:
-    d = "cd" * 32
+    d = "workdir " + "cd" * 6
     out = "gpufleet-clean w2 removed\ngpufleet-clean w1 in use\n"
     assert slurm_clean.report(d, ["w1", "w2"], 0, out, 1.26) == \
         "workdir cdcdcdcdcdcd clean-up in 1.3s: w1 in use, w2 removed"
@@ -118,3 +118,21 @@ def test_a_nodes_clean_up_removes_the_copy_and_the_files_sbcast_left(tmp_path: P
     bad = _clean(cache, "../../etc", "j-8", "drop")
     assert bad.returncode == 2 and bad.stderr.startswith("error: clean-up on this node: ")
     assert "Traceback" not in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+def test_a_run_in_an_image_cleans_every_node_not_lost_of_the_jobs_containers() -> None:
+    """A stop SIGKILLs the step, the keeper that would remove the container with it: the
+    clean-up step then covers every node that ran a container, shipped copy or not."""
+    nodes = [{"name": n, "node_id": f"n{i + 1}", "container": {"image": "x/y:1"}}
+             for i, n in enumerate(["head", "w1", "w2"])]
+    plan = {"job_id": "41", "job": "train-7", "nodes": nodes, "travel": None}
+    step = slurm_clean.plan_step(plan, {}, {"n2"}, "py")
+    assert step is not None and "--nodelist=n1,n3" in step
+    assert step[step.index("gpufleet.backends.slurm_clean") + 1:] == [
+        "-", "-", "drop", "--containers", "train-7"]
+    assert slurm_clean.cleaned_nodes(plan, set()) == [0, 1, 2]
+    bare = {**plan, "nodes": [{**n, "container": None} for n in nodes]}
+    assert slurm_clean.plan_step(bare, {}, set(), "py") is None  # nothing to clean
+    assert slurm_clean.report("containers", ["head"], 0,
+                              "gpufleet-clean head no copy, 1 container(s) removed\n", 0.5) == \
+        "containers clean-up in 0.5s: head no copy, 1 container(s) removed"

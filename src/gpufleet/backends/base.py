@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Protocol, runtime_checkable
 
 from gpufleet.backends.kinds import Capabilities, Kind
+from gpufleet.launch.container import Container
 from gpufleet.launch.torchrun import JobContext
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Node, Placement
@@ -60,6 +61,10 @@ class Prepared:
     argv: list[str]
     env: dict[str, str]
     files: dict[str, str] = field(default_factory=dict)
+    # a one-node engine's launcher inside this image (launch/container.py); a multi-node
+    # engine's driver runs on the host and each node plan carries the image instead
+    container: Container | None = None
+    run_id: str = ""
 
 
 class Backend(Protocol):

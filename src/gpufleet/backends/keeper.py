@@ -6,7 +6,8 @@ after another, the child is re-parented to each surviving thread in turn, and th
 signal again at every step. torchrun with `--tee` can hang for good in `threading._shutdown`
 after a few SIGTERMs 20 ms apart, re-parented to init, its workers zombies, its ports open.
 
-So the supervisor starts this file (`python -I -S keeper.py FD [--after JSON] -- ARGV...`)
+So the supervisor starts this file (`python -I -S keeper.py FD [--after JSON] [--say LINE] --
+ARGV...`)
 instead of the launcher, and keeps the write end of a pipe (the lifeline) whose read end is FD
 here. The keeper:
 
@@ -72,14 +73,17 @@ def term_on_parent_death() -> None:
 # -- the parent's side --------------------------------------------------------------------------
 def spawn(argv: list[str], env: Mapping[str, str], cwd: Path | str,
           stdout: int | IO[Any] | None = subprocess.PIPE, after: list[str] | None = None,
-          ) -> tuple[subprocess.Popen[bytes], int]:
+          say: str | None = None) -> tuple[subprocess.Popen[bytes], int]:
     """Start `argv` under a keeper in a new session (stderr merged into `stdout`); the keeper's
     Popen and the lifeline's write end, which the caller keeps open while it wants the tree to
     live (closing it, or dying, ends the tree). os.pipe() makes both ends non-inheritable, so no
     other child of the caller holds the write end; only the keeper gets the read end. `after`:
-    a command the keeper runs once the tree has ended (a container's removal)."""
+    a command the keeper runs once the tree has ended (a container's removal). `say`: a line
+    the keeper prints first, so it stands in the run's output before the launcher's own
+    (which container the launcher runs in)."""
     read_end, write_end = os.pipe()
     extra = ["--after", json.dumps(after)] if after else []
+    extra += ["--say", say] if say else []
     try:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", str(Path(__file__).resolve()), str(read_end), *extra,
@@ -206,6 +210,8 @@ def main(args: list[str]) -> int:
     split = args.index("--")
     argv = args[split + 1:]
     after: list[str] = json.loads(args[args.index("--after") + 1]) if "--after" in args[:split] else []
+    if "--say" in args[:split]:
+        print(args[args.index("--say") + 1], flush=True)
     try:
         status = _keep(lifeline, argv)
     finally:

@@ -21,8 +21,10 @@ from gpufleet import catalog
 from gpufleet.backends import base, keeper
 from gpufleet.backends.base import Prepared, RunRequest
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
+from gpufleet.backends.node_image import in_image
 from gpufleet.errors import SpecError
 from gpufleet.launch import frameworks
+from gpufleet.launch.container import Container, NodeSide, container_of
 from gpufleet.pool.model import Device, Node
 from gpufleet.slot_words import MAX_SLOTS
 
@@ -158,6 +160,7 @@ class LocalBackend:
     def __init__(self, cpu_slots: int | None = None, state_dir: Path | None = None):
         self.cpu_slots = cpu_slot_count(cpu_slots)
         self.state_dir = state_dir
+        self.sides: dict[str, NodeSide] = {}  # an image's node facts, found at its first start
 
     def discover(self) -> list[Node]:
         gpus, fabric = nvml_devices()
@@ -177,7 +180,8 @@ class LocalBackend:
         first = run.placements[0]
         placement = replace(first, devices=first.devices[: run.workers])
         cmd = frameworks.build(run.spec, run.layout, placement, run.ctx, port=free_port())
-        return Prepared(cmd.argv, cmd.env, cmd.files)
+        return Prepared(cmd.argv, cmd.env, cmd.files,
+                        container=container_of(run.spec, run.ctx.job_name), run_id=run.run_id)
 
     def lost_nodes(self, job_dir: Path) -> set[str]:
         return set()  # this host is the one node: if it went, so did we
@@ -204,7 +208,21 @@ class LocalBackend:
         return ADDRESS
 
     def start(self, prepared: base.Prepared, env: dict[str, str], cwd: Path) -> Handle:
-        return self.spawn(prepared.argv, env, cwd)
+        if prepared.container is None:
+            return self.spawn(prepared.argv, env, cwd)
+        return self.start_in_image(prepared.container, prepared.argv, env, cwd, prepared.run_id)
+
+    def start_in_image(self, c: Container, argv: list[str], env: dict[str, str], cwd: Path,
+                       run_id: str) -> Handle:
+        """The launcher inside `c.image`, after the image passed its checks here (an
+        `ImageError` before anything starts; a restart reuses what the first start found).
+        The keeper holds the runtime's client as it holds a bare launcher, and removes the
+        container by name once the client ended, however it ended (a killed `podman run`
+        does not stop its container)."""
+        got = in_image(c.to_json(), run_id, NODE_ID, argv, env, str(cwd), sides=self.sides)
+        proc, lifeline = keeper.spawn(got.argv, {**env, **got.env}, cwd, after=got.after,
+                                      say=got.say)
+        return Handle(proc, lifeline)
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: Path) -> Handle:
         """Start `argv` (never through a shell) under a keeper in a new session, merging

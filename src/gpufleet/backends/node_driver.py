@@ -40,7 +40,9 @@ from typing import IO, Any
 
 from gpufleet.backends import files_back, keeper, node_net
 from gpufleet.backends.exits import NODE_LOST_EXIT
+from gpufleet.backends.node_image import in_image
 from gpufleet.bootstrap import SITE_DIR
+from gpufleet.launch.container import NodeSide
 from gpufleet.reportauth import Signer, signer_from_env
 from gpufleet.telemetry import wire
 
@@ -62,17 +64,20 @@ class NodeAgent:
         self.signer: Signer | None = None
         self.back_from: Path | None = None  # the job folder this node does not see
         self.started_at = 0.0
+        self.sides: dict[str, NodeSide] = {}  # an image's node facts, found at its first start
 
     def ready(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host": socket.gethostname()}
 
     def start(self, argv: list[str], env: dict[str, str], cwd: str,
-              sampling: dict[str, Any], files_back: str | None = None) -> int:
+              sampling: dict[str, Any], files_back: str | None = None,
+              container: dict[str, Any] | None = None, run: str = "") -> int:
         """Start the node's torchrun. `files_back`: the submitter's job folder, given only for a
         node that does not see it (the plan entry's `files_back`, launch/travel.py): what
         torchrun writes under it is on this node's disk alone, so `drain` sends it back once
         torchrun has ended. A node that sees the folder must not get it: the driver would
-        write each file onto itself."""
+        write each file onto itself. `container`: the plan's image (backends/node_image.py):
+        checked here first (`ImageError` before anything starts), the launcher then inside it."""
         if argv and argv[0] == "{python}":
             argv = [sys.executable, *argv[1:]]  # this node's interpreter, not the driver's
         self.signer = signer_from_env(env)
@@ -83,8 +88,14 @@ class NodeAgent:
         # the workers' interface, and a head that cannot be reached said now (node_net.py):
         # RendezvousUnreachableError before any worker starts
         env = {**env, **node_net.prepare(self.node, env, os.environ)}
+        after: list[str] | None = None
+        say: str | None = None
+        if container is not None:
+            got = in_image(container, run, self.node, argv, env, cwd, sides=self.sides)
+            argv, env, after, say = got.argv, {**env, **got.env}, got.after, got.say
         # the lifeline's write end stays open in this actor process for as long as it lives
-        self.proc, self.lifeline = keeper.spawn(argv, {**os.environ, **env}, cwd)
+        self.proc, self.lifeline = keeper.spawn(argv, {**os.environ, **env}, cwd, after=after,
+                                                say=say)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         threading.Thread(target=self._sample, args=(sampling,), daemon=True).start()

@@ -79,7 +79,7 @@ class Driver(NodeDriver):
             return code
         key = {KEY_ENV: os.environ[KEY_ENV]} if KEY_ENV in os.environ else {}
         starts = [a.start.remote(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"],
-                                 n.get("files_back"))
+                                 n.get("files_back"), n.get("container"), n.get("run", ""))
                   for a, n in zip(self.agents, self.nodes, strict=True)]
         try:
             ray.get(starts, timeout=READY_TIMEOUT_S)

@@ -27,10 +27,13 @@ from typing import Any
 
 from gpufleet.backends import node_workdir
 from gpufleet.backends import slurm_cmds as cmds
+from gpufleet.backends.image_leftovers import remove_job_containers
 
 CLEAN_TIMEOUT_S = 30.0  # srun's step start and a Python on each node; far above the usual 1-3 s
 MARK = "gpufleet-clean"  # what each node prints: `gpufleet-clean NODE OUTCOME`
 KEEP, DROP = "keep", "drop"
+NONE = "-"  # no shipped copy to remove on the nodes (a run in an image whose nodes see files)
+CONTAINERS = "--containers"  # then the job's name: its containers are removed too
 
 
 def node_cache() -> Path:
@@ -42,22 +45,35 @@ def node_cache() -> Path:
 
 def plan_step(plan: dict[str, Any], node_plans: Mapping[int, Path], lost: set[str],
               python: str) -> list[str] | None:
-    """The clean-up step for a run (pure): over the nodes that ran in a shipped copy and were
-    not lost; None when there is nothing to clean."""
-    travelled = plan.get("travel")
-    if not travelled or not travelled.get("unseen"):
-        return None
-    nodes = [plan["nodes"][i]["node_id"] for i in travelled["unseen"]]
-    nodes = [n for n in nodes if n not in lost]
+    """The clean-up step for a run (pure): over the nodes that ran in a shipped copy or in a
+    container image and were not lost; None when there is nothing to clean."""
+    nodes = cleaned_nodes(plan, lost)
     if not nodes:
         return None
+    travelled = plan.get("travel") or {}
     keep = KEEP if (plan.get("workdir") or {}).get("keep") else DROP
-    files = sorted({str(node_plans[i]) for i in travelled["unseen"] if i in node_plans})
+    unseen = travelled.get("unseen") or []
+    files = sorted({str(node_plans[i]) for i in unseen if i in node_plans})
     if travelled.get("tar"):
         files.insert(0, travelled["tar"])
-    argv = [python, "-m", "gpufleet.backends.slurm_clean", travelled["digest"],
-            travelled["user"], keep, *files]
-    return cmds.clean_step(plan["job_id"], nodes, argv)
+    containers = [CONTAINERS, plan["job"]] if in_image(plan) else []
+    argv = [python, "-m", "gpufleet.backends.slurm_clean", travelled.get("digest") or NONE,
+            travelled.get("user") or NONE, keep, *containers, *files]
+    return cmds.clean_step(plan["job_id"], [plan["nodes"][i]["node_id"] for i in nodes], argv)
+
+
+def in_image(plan: dict[str, Any]) -> bool:
+    return any(n.get("container") for n in plan["nodes"])
+
+
+def cleaned_nodes(plan: dict[str, Any], lost: set[str]) -> list[int]:
+    """The plan's nodes (by position) the clean-up step runs on: those that got a shipped
+    copy, every node when the run was in an image (a killed step leaves its container)."""
+    travelled = plan.get("travel") or {}
+    chosen = set(travelled.get("unseen") or []) if travelled.get("digest") else set()
+    if in_image(plan):
+        chosen = set(range(len(plan["nodes"])))
+    return sorted(i for i in chosen if plan["nodes"][i]["node_id"] not in lost)
 
 
 def outcomes(output: str) -> dict[str, str]:
@@ -70,18 +86,18 @@ def outcomes(output: str) -> dict[str, str]:
     return found
 
 
-def report(digest: str, asked: list[str], code: int | None, output: str, took_s: float) -> str:
+def report(what: str, asked: list[str], code: int | None, output: str, took_s: float) -> str:
     """The run's log line for the clean-up (pure): what each node did and how long the step
     took, or a warning naming the nodes that did not answer. `code` None: it timed out."""
     said = outcomes(output)
     done = ", ".join(f"{n} {said[n]}" for n in sorted(said))
     missing = [n for n in asked if n not in said]
     if code == 0 and not missing:
-        return f"workdir {digest[:12]} clean-up in {took_s:.1f}s: {done}"
+        return f"{what} clean-up in {took_s:.1f}s: {done}"
     why = (f"timed out after {CLEAN_TIMEOUT_S:.0f}s" if code is None else f"exit {code}")
     tail = " | ".join(ln.strip() for ln in output.splitlines() if ln.strip()
                       and not ln.startswith(MARK))[-300:]
-    return (f"warning: workdir {digest[:12]} clean-up {why} ({took_s:.1f}s)"
+    return (f"warning: {what} clean-up {why} ({took_s:.1f}s)"
             + (f"; no answer from {', '.join(missing)}" if missing else "")
             + (f"; done: {done}" if done else "") + (f": {tail}" if tail else ""))
 
@@ -93,8 +109,7 @@ def clean(plan: dict[str, Any], node_plans: Mapping[int, Path], lost: set[str],
     argv = plan_step(plan, node_plans, lost, plan.get("node_python") or sys.executable)
     if argv is None:
         return
-    asked = [n["name"] for i, n in enumerate(plan["nodes"])
-             if i in plan["travel"]["unseen"] and n["node_id"] not in lost]
+    asked = [plan["nodes"][i]["name"] for i in cleaned_nodes(plan, lost)]
     # the nodes answer with their Slurm node names; the log names them as the cluster does
     names = {n["node_id"]: n["name"] for n in plan["nodes"]}
     code: int | None
@@ -108,7 +123,9 @@ def clean(plan: dict[str, Any], node_plans: Mapping[int, Path], lost: set[str],
     except OSError as exc:
         code, output = 127, str(exc)
     renamed = "\n".join(_renamed(ln, names) for ln in output.splitlines())
-    say(report(plan["travel"]["digest"], asked, code, renamed, time.monotonic() - started))
+    what = ((plan.get("travel") or {}).get("digest") or "")[:12]
+    say(report(f"workdir {what}" if what else "containers", asked, code, renamed,
+               time.monotonic() - started))
 
 
 def _text(data: bytes | str | None) -> str:
@@ -128,11 +145,16 @@ def node_main(args: list[str]) -> int:
     """On a node, inside the clean-up step: the run's copy removed from this node's cache
     (unless kept), the node-local files removed; one `gpufleet-clean NODE OUTCOME` line."""
     digest, user, keep, *files = args
+    job = None
+    if files[:1] == [CONTAINERS]:
+        job, files = files[1], files[2:]
     for f in files:
         if f.startswith("/tmp/gpufleet-"):  # only what slurm_travel put there
             Path(f).unlink(missing_ok=True)
     root = node_cache()
-    if keep == KEEP:
+    if digest == NONE:
+        outcome = "no copy"
+    elif keep == KEEP:
         outcome = "kept"
     elif not root.is_dir():
         outcome = "absent"
@@ -140,6 +162,10 @@ def node_main(args: list[str]) -> int:
         held = node_workdir.has(root, digest)
         removed = node_workdir.remove(root, digest, user)  # also a gone copy's markers
         outcome = "removed" if removed else "in use" if held else "absent"
+    if job is not None:
+        gone = remove_job_containers(job)
+        outcome += (", no container runtime" if gone is None
+                    else f", {gone} container(s) removed")
     node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
     sys.stdout.write(f"{MARK} {node} {outcome}\n")
     return 0

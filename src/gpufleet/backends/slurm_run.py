@@ -37,7 +37,9 @@ from gpufleet.backends import files_back, node_workdir, slurm_clean, slurm_trave
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
 from gpufleet.backends.node_driver import NodeAgent, NodeDriver, pump, tag
+from gpufleet.backends.node_image import IMAGE_FAILED_EXIT
 from gpufleet.backends.node_net import RendezvousUnreachableError
+from gpufleet.errors import ImageError
 from gpufleet.reportauth import KEY_ENV
 
 PLACE_FAILED_EXIT = 70  # the workdir could not be shipped (as ray_run's agents not placed)
@@ -266,10 +268,14 @@ def _run_node(plan: dict[str, Any], n: dict[str, Any]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     key = {KEY_ENV: os.environ[KEY_ENV]} if KEY_ENV in os.environ else {}
     try:
-        agent.start(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"], n.get("files_back"))
+        agent.start(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"], n.get("files_back"),
+                    n.get("container"), n.get("run", ""))
     except RendezvousUnreachableError as exc:
         _print([f"RendezvousUnreachableError: {exc}"])
         return 1
+    except ImageError as exc:
+        _print([f"ImageError: {exc}"])
+        return IMAGE_FAILED_EXIT
     while True:
         if stopping.is_set():
             agent.stop(grace_s=8.0)

@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpufleet.backends import files_back, node_net, node_workdir
+from gpufleet.backends.node_image import IMAGE_FAILED_EXIT
+from gpufleet.errors import ImageError
 
 SILENT_S = 20.0  # the driver sends a line every second; this long without one: it is gone
 #                 (generous: a driver on a loaded machine may stall for seconds)
@@ -143,10 +145,14 @@ def run(order: dict[str, Any], stdin: IO[str]) -> int:
         agent = NodeAgent(entry["node_id"], order["report_addr"])
         stop = _watch(stdin, job_ends)
         try:
-            agent.start(argv, {**env, **order.get("secrets", {})}, cwd, entry["sampling"])
+            agent.start(argv, {**env, **order.get("secrets", {})}, cwd, entry["sampling"],
+                        container=entry.get("container"), run=entry.get("run", ""))
         except node_net.RendezvousUnreachableError as exc:
             _say(f"RendezvousUnreachableError: {exc}")
             return code
+        except ImageError as exc:
+            _say(f"ImageError: {exc}")
+            return IMAGE_FAILED_EXIT
         while True:
             if stop.is_set():
                 agent.stop(grace_s=8.0)

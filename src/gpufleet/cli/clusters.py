@@ -18,6 +18,7 @@ from gpufleet.cli.options import (
     CpuSlots,
     Disk,
     Gpu,
+    Image,
     Json,
     Network,
     Nodes,
@@ -48,6 +49,7 @@ def launch(
     time_limit: Annotated[str | None, typer.Option(
         "--time-limit", help="How long the cluster may hold its nodes, e.g. 2h (a Slurm pool "
         "asks sbatch --time for it)." + default("the pool's own limit"))] = None,
+    image: Image = None,
     yes: Yes = False,
     as_json: Json = False,
 ) -> None:
@@ -60,7 +62,7 @@ def launch(
     data: dict[str, Any] = load_yaml(file) if file else {}
     flags = {"gpu": gpu, "count": count, "network": network, "disk": disk, "name": name,
              "nodes": nodes, "backend": backend, "pool": pool, "price_book": price_book,
-             "time_limit": time_limit}
+             "time_limit": time_limit, "image": image}
     merged = {**data, **{k: v for k, v in flags.items() if v is not None}}
     got = client().launch(merged, yes, as_json, cpu_slots)
     if as_json:

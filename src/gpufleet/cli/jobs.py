@@ -16,12 +16,14 @@ from gpufleet.cli.help import with_panels
 from gpufleet.cli.options import (
     After,
     BootstrapOpt,
+    ContainerOpt,
     Count,
     CpuSlots,
     Disk,
     Dp,
     Framework,
     Gpu,
+    Image,
     Json,
     KeepWorkdir,
     LossPattern,
@@ -36,8 +38,10 @@ from gpufleet.cli.options import (
     PpSchedule,
     PriceBook,
     Priority,
+    PullOpt,
     RunPrecision,
     Setup,
+    ShmSizeOpt,
     Strategy,
     TimeLimit,
     TotalSteps,
@@ -50,6 +54,7 @@ from gpufleet.errors import SpecError
 CLUSTER, LAYOUT, PRECISION = "Cluster", "Layout", "Precision and framework"
 SURVIVAL, OUTPUT, PROGRESS = "Survival", "Output", "Progress of any script"
 TRAVEL = "Code and environment that travel"
+IMAGE = "Container image"
 QUEUE = "Queue"
 RUN_PANELS = {
     **dict.fromkeys(("cluster", "gpu", "count", "network", "disk", "price_book", "nodes", "pool",
@@ -61,6 +66,7 @@ RUN_PANELS = {
                      "scale_down_util", "cooldown", "scale_tolerance", "resume"), SURVIVAL),
     **dict.fromkeys(("total_steps", "loss_pattern", "bootstrap"), PROGRESS),
     **dict.fromkeys(("setup", "max_upload", "keep_workdir"), TRAVEL),
+    **dict.fromkeys(("image", "pull", "container_opt", "shm_size"), IMAGE),
     **dict.fromkeys(("priority", "time_limit", "after", "no_queue"), QUEUE),
     **dict.fromkeys(("name", "file", "dry_run", "detach", "yes", "help"), OUTPUT),
 }
@@ -119,6 +125,10 @@ def run(
     setup: Setup = None,
     max_upload: MaxUpload = None,
     keep_workdir: KeepWorkdir = False,
+    image: Image = None,
+    pull: PullOpt = None,
+    container_opt: ContainerOpt = None,
+    shm_size: ShmSizeOpt = None,
     total_steps: TotalSteps = None,
     loss_pattern: LossPattern = None,
     bootstrap: BootstrapOpt = True,
@@ -140,7 +150,7 @@ def run(
     if resume is not None:
         named = [opt for opt, v in (("SCRIPT", script), ("-f", file), ("--cluster", cluster),
                                     ("--gpu", gpu), ("--count", count), ("--name", name),
-                                    ("--after", after))
+                                    ("--after", after), ("--image", image))
                  if v is not None]
         if named or ctx.args:
             raise SpecError([("resume", f"--resume continues a job as it was defined; drop "
@@ -157,7 +167,9 @@ def run(
              "total_steps": total_steps, "loss_pattern": loss_pattern,
              "bootstrap": None if bootstrap else False, "priority": priority,
              "time_limit": time_limit, "after": after, "setup": setup,
-             "max_upload": max_upload, "keep_workdir": keep_workdir or None}
+             "max_upload": max_upload, "keep_workdir": keep_workdir or None,
+             "image": image, "pull": pull, "container_opts": container_opt or None,
+             "shm_size": shm_size}
     inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
               "price_book": price_book, "nodes": nodes, "pool": pool}
     job = JobInput(file, script, list(ctx.args), env or [], flags, inline, cluster)

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.vocab import FRAMEWORKS, NETWORKS, PRECISIONS, SCHEDULES, STRATEGIES, spoken
+from gpufleet.vocab import FRAMEWORKS, NETWORKS, PRECISIONS, PULLS, SCHEDULES, STRATEGIES, spoken
 
 
 def default(text: str) -> str:
@@ -114,3 +114,17 @@ MaxUpload = Annotated[str | None, typer.Option(
     "500MB, 2GB (at least 1MB)." + default("100MB"))]
 KeepWorkdir = Annotated[bool, typer.Option(
     "--keep-workdir", help="Keep the shipped workdir on the nodes after the job.")]
+# -- a container image (launch/container.py) ------------------------------------------------------
+Image = Annotated[str | None, typer.Option(
+    "--image", metavar="IMAGE", help="Run each node's launcher and workers in this container "
+    "image (podman or docker on the node), e.g. nvcr.io/nvidia/pytorch:24.06-py3." + default(
+        "the cluster's or pool's image, else none"))]
+PullOpt = Annotated[str | None, typer.Option(
+    "--pull", metavar="WHEN", help=f"With --image: when each node pulls it: {spoken(PULLS)}."
+    + default("missing"))]
+ContainerOpt = Annotated[list[str] | None, typer.Option(
+    "--container-opt", metavar="OPT", help="With --image: one more runtime option, e.g. "
+    "'--cap-add=SYS_PTRACE' (repeatable; what gpufleet sets itself is refused).")]
+ShmSizeOpt = Annotated[str | None, typer.Option(
+    "--shm-size", metavar="SIZE", help="With --image: a private /dev/shm of this size (at "
+    "least 1g)." + default("the host's /dev/shm"))]

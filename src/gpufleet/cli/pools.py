@@ -11,7 +11,7 @@ import typer
 
 from gpufleet.cli.app import COMMAND, app, err, group, out, print_json, store
 from gpufleet.cli.connect import client
-from gpufleet.cli.options import Json, NoDefault, default
+from gpufleet.cli.options import Image, Json, NoDefault, default
 
 pool_app = group("Pools of nodes: this host, Ray clusters, Slurm partitions, your own machines "
                  "over ssh, synthetic pools.")
@@ -53,6 +53,7 @@ def pool_add(
         "--python", help="ssh, slurm: the nodes' Python with torch and gpufleet (a path on the "
         "nodes or a command on their PATH)." + default("ssh: python3 on the node's PATH; "
         "slurm: this machine's interpreter path, for nodes that share its files"))] = None,
+    image: Image = None,
     no_default: NoDefault = False,
 ) -> None:
     """Register a pool; it becomes the default for launch and run unless --no-default.
@@ -70,7 +71,7 @@ def pool_add(
     pool_setup.check_kind(kind)  # before the store is opened
     ssh = HostsAsk(host or [], hostfile, user, identity, port, python)
     added = pool_setup.add(store(), kind, name, address, shape or [], token_file, not no_default,
-                           partition, account, ssh)
+                           partition, account, ssh, image)
     out.print(f"Pool [bold]{added.name}[/]: {escape(added.summary)}.")
     if not no_default:
         out.print("It is now the default pool (back to this host: gpufleet pool use local).")
@@ -154,7 +155,9 @@ def pool_list(
         return
     for p in listed:
         mark = " (default)" if p["default"] else ""
-        t = Table(title=f"Pool {p['pool']}{mark}: {p['kind']}, {p['where']}", title_justify="left")
+        image = f", image {p['image']}" if p.get("image") else ""
+        t = Table(title=f"Pool {p['pool']}{mark}: {p['kind']}, {p['where']}{image}",
+                  title_justify="left")
         if "error" in p:
             t.add_column("PROBLEM")
             t.add_row(p["error"])

@@ -35,7 +35,7 @@ import json
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gpufleet.vocab import Pull
 
@@ -91,6 +91,38 @@ class Container:
         return cls(image=data["image"], pull=data.get("pull", "missing"),
                    opts=tuple(data.get("opts", ())), shm_size=data.get("shm_size"),
                    job=data.get("job", ""))
+
+
+class ImageAsk(Protocol):
+    """What a job's spec says about its image (`spec.JobSpec` has these fields)."""
+
+    @property
+    def image(self) -> str | None: ...
+
+    @property
+    def pull(self) -> Pull: ...
+
+    @property
+    def container_opts(self) -> list[str]: ...
+
+    @property
+    def shm_size(self) -> str | None: ...
+
+
+def container_of(ask: ImageAsk, job: str) -> Container | None:
+    """The job's container, or None for a job without an image."""
+    if not ask.image:
+        return None
+    return Container(image=ask.image, pull=ask.pull, opts=tuple(ask.container_opts),
+                     shm_size=ask.shm_size, job=job)
+
+
+def package_dir() -> str:
+    """gpufleet's own package folder on this host: mounted read-only into the container, so the
+    bootstrap and the SDK run from the same code the node agent runs."""
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parents[1])
 
 
 @dataclass(frozen=True)
@@ -222,6 +254,12 @@ def wrap(c: Container, node: NodeSide, argv: Sequence[str], env: Mapping[str, st
             *[w for k in inside_env(inner) for w in ("--env", k)],
             *split_opts(c.opts), c.image, node.python, *argv[1:]]
     return Wrapped(opts, inner, cleanup_argv(node, name), name)
+
+
+def started_line(c: Container, node: NodeSide, wrapped: Wrapped, node_name: str) -> str:
+    """What the run's output says first on a node: the image, the runtime, the container."""
+    return (f"{node_name}: launcher in image {c.image} ({node.flavor}, {node.python}, "
+            f"container {wrapped.name})")
 
 
 def cleanup_argv(node: NodeSide, name: str) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.launch import frameworks, travel
+from gpufleet.launch.container import container_of
 from gpufleet.launch.torchrun import JobContext
 from gpufleet.parallelism import Layout
 from gpufleet.pool.model import Node, Placement
@@ -31,6 +32,9 @@ def plan(spec: JobSpec, layout: Layout, placements: list[Placement], nodes: dict
          memory_per_slot: int) -> dict[str, Any]:
     names = node_names(len(placements))
     head = placements[0].address
+    # the job's image: each node's agent checks it there and starts its launcher inside
+    # (backends/node_image.py); the agent itself stays on the node's host
+    image = container_of(spec, ctx.job_name)
     entries = []
     node_ctx = JobContext(**{**ctx.__dict__, "python": PYTHON})
     for i, (p, name) in enumerate(zip(placements, names, strict=True)):
@@ -53,6 +57,7 @@ def plan(spec: JobSpec, layout: Layout, placements: list[Placement], nodes: dict
             "name": name, "node_id": p.node_id, "ray_id": nodes[p.node_id].ref,
             "address": p.address, "argv": cmd.argv, "env": env, "files": cmd.files,
             "cwd": str(Path(spec.workdir or ".")), "resources": resources,
+            "container": image.to_json() if image else None, "run": run_id,
             "sampling": {"devices": [d.id for d in p.devices],
                          "indices": [d.index for d in p.devices], "key_base": i * per,
                          "on_cpu": on_cpu, "threads": int(env.get("OMP_NUM_THREADS", "1")),

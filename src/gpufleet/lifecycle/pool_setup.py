@@ -21,6 +21,7 @@ from gpufleet.catalog import GpuType
 from gpufleet.errors import ConflictError, SpecError
 from gpufleet.lifecycle import pools
 from gpufleet.pool.model import FABRIC_LEVEL
+from gpufleet.spec_image import check_image
 from gpufleet.store import Pool, Store, gpufleet_home
 from gpufleet.vocab import INTER_NODE_NETWORKS
 
@@ -42,21 +43,30 @@ class Added:
 
 def add(store: Store, kind: str, name: str | None, address: str | None, shapes: list[str],
         token_file: Path | None, make_default: bool, partition: str | None = None,
-        account: str | None = None, ssh: HostsAsk | None = None) -> Added:
+        account: str | None = None, ssh: HostsAsk | None = None,
+        image: str | None = None) -> Added:
     """`pool add KIND ...`: the kind's own checks and probe (`backends.adders`), then the
-    record; what the probe left (a token's copy) is undone if the record cannot be written."""
+    record; what the probe left (a token's copy) is undone if the record cannot be written.
+    `image`: the pool's default image (lifecycle/images.py), kept with its settings."""
     adder = registry.engine(check_kind(kind)).add
     assert adder is not None  # check_kind takes only the kinds with one
+    if image is not None:
+        try:
+            check_image(image)
+        except ValueError as exc:
+            raise SpecError([("image", str(exc))]) from None
     pool_name = pools.check_name_field(name or kind)
     got = adder(AddRequest(pool_name, address, shapes, token_file, partition, account,
                            gpufleet_home(), lambda: pools.check_free_name(store, pool_name),
                            ssh or HostsAsk()))
     try:
-        pools.add(store, pool_name, kind, got.address, got.settings, make_default)
+        settings = {**got.settings, **({"image": image} if image else {})}
+        pools.add(store, pool_name, kind, got.address, settings, make_default)
     except BaseException:
         got.undo()
         raise
-    return Added(pool_name, got.nodes, got.devices, got.summary)
+    summary = got.summary + (f", jobs in image {image} unless they name one" if image else "")
+    return Added(pool_name, got.nodes, got.devices, summary)
 
 
 def check_kind(kind: str) -> str:

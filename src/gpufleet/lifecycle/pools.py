@@ -193,8 +193,9 @@ def listing(store: Store, name: str | None = None) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for p in chosen:
         pname = p.name if p else LOCAL
+        image = json.loads(p.spec_json or "{}").get("image") if p else None
         head = {"pool": pname, "kind": p.kind if p else "local", "where": _where(p),
-                "default": pname == default}
+                "default": pname == default, "image": image}
         try:
             nodes = backend_for(p).discover()
         except GpufleetError as exc:

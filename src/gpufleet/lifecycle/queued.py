@@ -17,7 +17,17 @@ from sqlalchemy import select, update
 
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import AllocationError, ConflictError, LimitError, NotFoundError, SpecError
-from gpufleet.lifecycle import accounts, admission, clusters, depends, jobs, pools, submit, teams
+from gpufleet.lifecycle import (
+    accounts,
+    admission,
+    clusters,
+    depends,
+    images,
+    jobs,
+    pools,
+    submit,
+    teams,
+)
 from gpufleet.lifecycle.accounts import Identity
 from gpufleet.lifecycle.admission import Facts
 from gpufleet.lifecycle.provision import Approve, Offer
@@ -92,11 +102,12 @@ def check_queueable(store: Store, spec: JobSpec, cpu_slots: int | None,
     """Every refusal `submit` would give that does not depend on what is busy now, and the
     quote approved: what a queued job has passed."""
     need = need_of(store, spec)
+    spec = images.with_image(store, spec)  # checked as it will start (dispatch: submit)
     if isinstance(spec.cluster, ClusterSpec):
         c = spec.cluster
         admission.or_raise(admission.admit(spec, admission.of_spec(c),
                                            Facts(source=submit.script_source(spec))))
-        submit.check_framework(spec)
+        submit.check_environment(spec, c.backend)
         problem = _never_fits(store, c, cpu_slots)
         if problem is not None:
             raise problem
@@ -106,7 +117,7 @@ def check_queueable(store: Store, spec: JobSpec, cpu_slots: int | None,
         row = clusters.get(store, need.cluster or "")
         admission.or_raise(admission.admit(spec, admission.of_cluster(row),
                                            Facts(source=submit.script_source(spec))))
-        submit.check_framework(spec)
+        submit.check_environment(spec, row.backend)
     return need
 
 

@@ -14,11 +14,11 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpufleet.backends.kinds import capabilities
 from gpufleet.errors import ConflictError, GpufleetError, SpecError
-from gpufleet.lifecycle import clusters, jobs
+from gpufleet.lifecycle import clusters, images, jobs
 from gpufleet.lifecycle.admission import (
     Facts,
     Refused,
@@ -36,9 +36,6 @@ from gpufleet.script_file import parse_job_here
 from gpufleet.spec import ClusterSpec, JobSpec
 from gpufleet.status import JobStatus
 from gpufleet.store import Cluster, Job, Store, gpufleet_home
-
-if TYPE_CHECKING:
-    from gpufleet.launch.container import Container
 
 
 @dataclass(frozen=True)
@@ -106,18 +103,26 @@ def check_framework(spec: JobSpec) -> None:
         raise SpecError([("framework", problem)])
 
 
-def check_image(container: Container | None, kind: str | None,
-                say: Callable[[str], None] | None = None) -> None:
-    """Refuse, before anything is reserved, a job whose image cannot run on the pool's node
-    when that node is this machine (the local pool): the node's own preflight, run here now,
-    so a missing image or one without torch is exit 2 with nothing held. Other pools' nodes
-    are not this machine: each checks itself before its workers start (NodeAgent.start)."""
-    if container is None or not capabilities(kind).this_host:
+def check_environment(spec: JobSpec, kind: str | None,
+                      say: Callable[[str], None] | None = None) -> None:
+    """Refuse, before anything is reserved, a job whose environment cannot run it. A job in an
+    image is checked against the image where its node is this machine (the local pool: the
+    node's own preflight, run here now, so a missing image or one without torch is exit 2 with
+    nothing held); other pools' nodes are not this machine, and each checks itself before its
+    workers start (NodeAgent.start). A job without an image needs its framework importable by
+    this host's Python; a job in one does not (the image holds the framework)."""
+    if not spec.image:
+        check_framework(spec)
+        return
+    if not capabilities(kind).this_host:
         return
     from gpufleet.backends.image_preflight import preflight
     from gpufleet.backends.local import NODE_ID
+    from gpufleet.launch.container import container_of
 
-    preflight(container, NODE_ID, told(say))
+    c = container_of(spec, spec.name or "")
+    assert c is not None
+    preflight(c, NODE_ID, told(say))
 
 
 def _importable(module: str) -> bool:
@@ -151,6 +156,7 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
     is billed to; `from_queue`: the queue starts its own entry; `say`: hears an engine's
     pending reasons while it waits for a grant."""
     spec = spec.model_copy(update={"name": jobs.job_name_for(spec)})  # fixed once, used twice
+    spec = images.with_image(store, spec)  # the cluster's or pool's image, when it has none
     assert spec.name is not None
     made_here = isinstance(spec.cluster, ClusterSpec)
     if isinstance(spec.cluster, ClusterSpec):
@@ -167,7 +173,7 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
             return DryRun(spec, decided.layout, placements, cspec.name or "", fabric,
                           engine_lines(store, spec, cspec, None, placements),
                           capabilities(cspec.backend).this_host)
-        check_framework(spec)
+        check_environment(spec, cspec.backend, say)
         cluster = provision(store, cspec, approve, cpu_slots, for_job=spec.name,
                             user=owner[0] if owner else None, say=say)
         # the pool may grant other nodes than were asked for: the same pass on what it granted
@@ -189,7 +195,7 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
             return DryRun(spec, decided.layout, found, cluster.name, cluster.network,
                           engine_lines(store, spec, None, cluster, found),
                           capabilities(cluster.backend).this_host)
-        check_framework(spec)
+        check_environment(spec, cluster.backend, say)
     try:
         job = jobs.create(store, spec, cluster, decided.world, owner)
     except GpufleetError:
@@ -290,7 +296,7 @@ def resume(store: Store, name: str, approve: Approve, cpu_slots: int | None = No
     try:
         decided = or_raise(admit(spec, of_cluster(cluster),
                                  facts(store, spec, cluster, own_name=True)))
-        check_framework(spec)
+        check_environment(spec, cluster.backend, say)
         job = jobs.reopen(store, job, cluster, decided.world,
                           f"resumed by gpufleet run --resume, {note}")
     except GpufleetError:

@@ -124,6 +124,7 @@ class JobView:
     no_report_s: float | None = None
     # chart metric -> why this script does not produce it (`measured.not_measured`)
     not_measured: dict[str, str] = field(default_factory=dict)
+    image: str | None = None  # the container image its launcher ran in (docs/images.md)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,4 +217,15 @@ def job_view(job: JobRecord, cluster: ClusterRecord, now: float,
         no_report_s=no_report_s(job, now, run_started_at),
         not_measured=measured.not_measured(job.spec_json, job.world_size, job.layout_seen,
                                            job.step, job.first_step, job.samples),
+        image=image_of(job.spec_json),
     )
+
+
+def image_of(spec_json: str) -> str | None:
+    """The image the job runs in, as its spec was stored (with the cluster's or pool's
+    default written in at submission: lifecycle/images.py)."""
+    try:
+        image = json.loads(spec_json).get("image")
+    except (ValueError, TypeError, AttributeError):  # no spec, or not a mapping
+        return None
+    return image if isinstance(image, str) else None
