@@ -81,16 +81,19 @@ class Container:
     opts: tuple[str, ...] = ()  # each an option with its value, as the user wrote it
     shm_size: str | None = None
     job: str = ""  # the label's value and the container names' prefix
+    # more folders to mount where a node has them: a script given by a path outside the
+    # workdir (`gpufleet run /opt/recipes/train.py` from elsewhere)
+    mounts: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"image": self.image, "pull": self.pull, "opts": list(self.opts),
-                "shm_size": self.shm_size, "job": self.job}
+                "shm_size": self.shm_size, "job": self.job, "mounts": list(self.mounts)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Container:
         return cls(image=data["image"], pull=data.get("pull", "missing"),
                    opts=tuple(data.get("opts", ())), shm_size=data.get("shm_size"),
-                   job=data.get("job", ""))
+                   job=data.get("job", ""), mounts=tuple(data.get("mounts", ())))
 
 
 class ImageAsk(Protocol):
@@ -108,13 +111,17 @@ class ImageAsk(Protocol):
     @property
     def shm_size(self) -> str | None: ...
 
+    @property
+    def script(self) -> str: ...
+
 
 def container_of(ask: ImageAsk, job: str) -> Container | None:
     """The job's container, or None for a job without an image."""
     if not ask.image:
         return None
+    folder = ask.script.rpartition("/")[0] if ask.script.startswith("/") else ""
     return Container(image=ask.image, pull=ask.pull, opts=tuple(ask.container_opts),
-                     shm_size=ask.shm_size, job=job)
+                     shm_size=ask.shm_size, job=job, mounts=(folder,) if folder else ())
 
 
 def package_dir() -> str:
@@ -229,10 +236,12 @@ def wrap(c: Container, node: NodeSide, argv: Sequence[str], env: Mapping[str, st
          package_dir: str, node_name: str, run: str,
          exists: Callable[[str], bool] = lambda _p: True) -> Wrapped:
     """The launcher `argv` (its first word the host's python) inside `c.image` on this node.
-    `exists`: whether a PYTHONPATH entry is a folder here (the ones that are not mounted are
-    dropped: the host's site-packages mean nothing inside)."""
+    `exists`: whether a folder is here (a PYTHONPATH entry that is not mounted is dropped: the
+    host's site-packages mean nothing inside; a script's folder this node lacks is not mounted)."""
     name = name_of(c, node_name, run)
     mounts = job_mounts(env, cwd, package_dir)
+    mounts += [Mount(m) for m in c.mounts
+               if exists(m) and not any(_under(m, k.path) for k in mounts)]
     inner = dict(env)
     pinned = devices(env)
     if "CUDA_VISIBLE_DEVICES" in env:
