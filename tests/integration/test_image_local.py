@@ -74,7 +74,7 @@ def test_a_killed_supervisor_leaves_no_container(fleet: Fleet) -> None:
     psutil.Process(pid).send_signal(signal.SIGKILL)
     wait_until("the job's container removed after its supervisor was killed",
                lambda: containers("nap") == [], GONE_WITHIN_S)
-    gone, alive = psutil.wait_procs(workers, timeout=GONE_WITHIN_S)
+    _gone, alive = psutil.wait_procs(workers, timeout=GONE_WITHIN_S)
     assert not alive, f"workers left: {alive}"
     assert fleet.status("nap")["status"] == "interrupted"
     assert fleet.clusters() == []

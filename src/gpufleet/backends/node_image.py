@@ -43,7 +43,9 @@ def in_image(container: Mapping[str, Any], run: str, node: str, argv: list[str],
     key = c.image
     side = sides.get(key) if sides is not None else None
     if side is None:
-        side = preflight(c, node, told.append, seams)
+        # the probe runs as the job's container will: with the job's devices (none for a CPU
+        # or simulated run), not whatever the node's own environment pins (a Slurm step's gres)
+        side = preflight(c, node, told.append, seams or Node(environ={**os.environ, **env}))
         if sides is not None:
             sides[key] = side
     wrapped = wrap(c, side, argv, env, cwd, package_dir(), node, run, exists=os.path.isdir)

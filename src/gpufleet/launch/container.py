@@ -219,7 +219,10 @@ def inside_env(env: Mapping[str, str]) -> list[str]:
 
 
 def devices(env: Mapping[str, str]) -> list[int]:
-    """The host's device indices the run is pinned to (empty for a CPU run)."""
+    """The host's device indices the run is pinned to (empty for a CPU run, simulated devices
+    included: they run as CPU workers, and there is no GPU to give the container)."""
+    if env.get("GPUFLEET_DEVICE") == "cpu":
+        return []
     text = env.get("CUDA_VISIBLE_DEVICES", "")
     return [int(d) for d in text.split(",") if d.strip().isdigit()]
 

@@ -1,0 +1,146 @@
+"""Jobs in a container image on machines that share nothing with the submitter (an SSH pool of
+the test machines, each with its own podman store holding the test image) and on the test Slurm.
+
+What a user would check: the pool's default image applies to its jobs, the example GPT trains
+across two machines with each node's launcher and workers in the image (the image's own
+interpreter; gpufleet's worker side mounted from the node's install, not the submitter's), a
+killed supervisor leaves no container on any machine, a missing image is one line naming the
+image and the machine; and on Slurm, the same GPT in the image through each node's podman
+inside the step, with the clean-up step saying what it removed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+from fleet_helpers import EXAMPLES, WORKERS, Fleet
+from images import image_or_skip
+from machines import Machines, machines_or_skip
+from test_slurm_pool import _wait_idle as wait_idle
+from test_slurm_pool import slurm  # noqa: F401  (the test Slurm's fixture)
+
+RUN_TIMEOUT = 420  # a wait on a loaded host, never a verdict
+GONE_WITHIN_S = 90.0  # ssh link gone -> node agent's keeper: SIGTERM, grace, SIGKILL, podman rm
+
+
+class Lab(Fleet):
+    """The CLI with a home folder of its own for ssh (the machines' host keys go there)."""
+
+    def env(self, slots: int | None = None, **extra: str) -> dict[str, str]:
+        return {**super().env(slots, **extra), "HOME": str(self.home.parent / "user")}
+
+
+@dataclass
+class Pool:
+    hosts: Machines
+    lab: Lab
+    image: str
+
+    def containers(self, job: str) -> dict[str, list[str]]:
+        """Each machine's containers of `job` (running or not), by gpufleet's label."""
+        return {n: self.hosts.run(n, "podman ps -a --format '{{.Names}}' --filter "
+                                     f"label=gpufleet.job={job}", timeout=120).stdout.split()
+                for n in self.hosts.names}
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    hosts = machines_or_skip()
+    image = image_or_skip()
+    tmp = tmp_path_factory.mktemp("imagemachines")
+    (tmp / "user").mkdir()
+    project = tmp / "project"
+    project.mkdir()
+    for f in ("gpt.py", "gpt-config.json"):
+        shutil.copy(EXAMPLES / f, project / f)
+    shutil.copy(WORKERS / "napper.py", project / "napper.py")
+    lab = Lab(tmp / "home", project, slots=2)
+    lab.ok("pool", "add", "ssh", "--name", "lab", "--hostfile", str(hosts.hostfile),
+           "--image", image)
+    yield Pool(hosts, lab, image)
+    left = lab.cleanup()
+    assert not left, f"processes left behind on the submitter: {left}"
+    hosts.settle(120.0)
+
+
+def test_the_pools_image_runs_the_gpt_across_two_machines(pool: Pool) -> None:
+    listed = pool.lab.json("pool", "list", "lab", "--json")
+    assert listed[0]["image"] == pool.image
+    done = pool.lab("run", "--gpu", "cpu", "--count", "2", "--nodes", "2", "--name", "gpt",
+                    "-y", "gpt.py", "--", "--steps", "10", timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    s = pool.lab.status("gpt")
+    assert (s["status"], s["step"], s["image"]) == ("succeeded", 10, pool.image)
+    assert s["loss"] < s["first_loss"] and s["cost_usd"] > 0
+    log = pool.lab.ok("logs", "gpt").stdout
+    started = [ln for ln in log.splitlines() if f"launcher in image {pool.image}" in ln]
+    assert len(started) == 2, log[-3000:]  # one per machine, each with the image's python
+    assert all("(podman, /usr/bin/python3, container gpufleet-gpt-" in ln for ln in started)
+    assert "2 ranks joined over gloo" in log
+    assert pool.containers("gpt") == {n: [] for n in pool.hosts.names}
+
+
+def test_a_killed_supervisor_leaves_no_container_on_any_machine(pool: Pool) -> None:
+    pool.lab.ok("run", "--gpu", "cpu", "--count", "2", "--nodes", "2", "--name", "nap", "-y",
+                "-d", "napper.py")
+    pool.lab.wait_for_step("nap", 3, timeout=RUN_TIMEOUT)
+    running = {n: c for n, c in pool.containers("nap").items() if c}
+    assert len(running) == 2 and all(len(c) == 1 for c in running.values()), running
+    supervisor = next(p for p in psutil.process_iter(["cmdline", "environ"])
+                      if "gpufleet.supervise.supervisor" in " ".join(p.info["cmdline"] or [])
+                      and (p.info["environ"] or {}).get("GPUFLEET_HOME") == str(pool.lab.home))
+    supervisor.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while any(pool.containers("nap").values()):
+        assert time.monotonic() < deadline, f"containers left: {pool.containers('nap')}"
+        time.sleep(1.0)
+    assert pool.lab.status("nap")["status"] == "interrupted"
+
+
+def test_a_missing_image_is_one_line_naming_the_image_and_the_machine(pool: Pool) -> None:
+    done = pool.lab("run", "--gpu", "cpu", "--count", "1", "--nodes", "1", "--name", "noimg",
+                    "-y", "--image", "localhost/none-such:0", "--pull", "never", "napper.py",
+                    timeout=RUN_TIMEOUT)
+    assert done.returncode != 0
+    s = pool.lab.status("noimg")
+    assert s["status"] == "failed"
+    reason = s["reason"] or ""
+    assert any(f"ImageError: image localhost/none-such:0 is not on {a} and could not be pulled"
+               in reason for a in pool.hosts.addresses.values()), reason
+    assert "Traceback" not in pool.lab.ok("logs", "noimg").stdout
+    assert pool.lab.clusters() == []
+
+
+@pytest.mark.usefixtures("slurm")
+def test_the_gpt_runs_in_the_image_on_the_test_slurm(tmp_path: Path) -> None:
+    image = image_or_skip()
+    home = Fleet(tmp_path / "home", tmp_path / "cwd", slots=2)
+    home.cwd.mkdir(parents=True, exist_ok=True)
+    for f in ("gpt.py", "gpt-config.json"):
+        shutil.copy(EXAMPLES / f, home.cwd / f)
+    wait_idle(90)
+    home.ok("pool", "add", "slurm")
+    try:
+        done = home("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--name", "sgpt",
+                    "-y", "--image", image, "gpt.py", "--", "--steps", "10",
+                    timeout=RUN_TIMEOUT)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        s = home.status("sgpt")
+        assert (s["status"], s["step"], s["image"]) == ("succeeded", 10, image)
+        log = home.ok("logs", "sgpt").stdout
+        assert log.count(f"launcher in image {image} (podman") == 2, log[-3000:]
+        assert "containers clean-up in " in log and "container(s) removed" in log, log[-3000:]
+        left = subprocess.run(["podman", "ps", "-a", "-q", "--filter",
+                               "label=gpufleet.job=sgpt"], capture_output=True, text=True,
+                              timeout=120, check=True).stdout.split()
+        assert left == []
+    finally:
+        assert not home.cleanup()
