@@ -2,7 +2,7 @@
 from it without torch, in one without any Python, and is asked for an image it does not have.
 
 `gpufleet doctor --image` shows the good image's versions (exit 0) and a missing image's row
-(exit 1, as any failed doctor check); `lifecycle.submit.check_image`, what submission runs for
+(exit 1, as any failed doctor check); `lifecycle.submit.check_environment`, what submission runs for
 the local pool before anything is reserved, raises the one line (exit 2) for each bad image.
 No registry: an image is pulled only from the name `localhost/...`, which nothing serves.
 """
@@ -26,7 +26,8 @@ from images import image_or_skip
 
 from gpufleet.errors import ImageError
 from gpufleet.launch.container import Container
-from gpufleet.lifecycle.submit import check_image
+from gpufleet.lifecycle.submit import check_environment
+from gpufleet.spec import JobSpec
 
 DOCTOR = [sys.executable, "-m", "gpufleet.doctor.command"]
 MISSING = "localhost/gpufleet-test-none-such:0"
@@ -134,7 +135,10 @@ def test_doctor_on_a_missing_image_with_pull_never(fleet: Fleet) -> None:
 
 def refusal(c: Container) -> str:
     with pytest.raises(ImageError) as err:
-        check_image(c, "local")
+        # unvalidated: the spec's own checks would refuse a 64m /dev/shm before the image's
+        check_environment(JobSpec.model_construct(
+            script="t.py", name="j", image=c.image, pull=c.pull, shm_size=c.shm_size,
+            container_opts=list(c.opts)), "local")
     assert err.value.exit_code == 2
     return str(err.value)
 
