@@ -26,16 +26,10 @@ from images import image_or_skip
 from machines import Machines, machines_or_skip
 from test_slurm_pool import _wait_idle as wait_idle
 from test_slurm_pool import slurm  # noqa: F401  (the test Slurm's fixture)
+from test_ssh_runs import Lab  # the CLI with a HOME of its own for ssh's host keys
 
 RUN_TIMEOUT = 420  # a wait on a loaded host, never a verdict
 GONE_WITHIN_S = 90.0  # ssh link gone -> node agent's keeper: SIGTERM, grace, SIGKILL, podman rm
-
-
-class Lab(Fleet):
-    """The CLI with a home folder of its own for ssh (the machines' host keys go there)."""
-
-    def env(self, slots: int | None = None, **extra: str) -> dict[str, str]:
-        return {**super().env(slots, **extra), "HOME": str(self.home.parent / "user")}
 
 
 @dataclass

@@ -28,7 +28,7 @@ def _env(**extra: str) -> dict[str, str]:
 def _wrap(c: Container, env: dict[str, str], flavor: str = "podman"):  # type: ignore[no-untyped-def]
     node = NodeSide(runtime=f"/usr/bin/{flavor}", flavor=flavor, memlock=8 << 20)  # type: ignore[arg-type]
     return wrap(c, node, ["/host/python", "-m", "torch.distributed.run", "train.py"], env,
-                "/work/proj", PKG, "head", "r3")
+                "/srv/proj", PKG, "head", "r3")
 
 
 def test_the_launcher_runs_in_the_image_with_what_distributed_training_needs() -> None:
@@ -41,9 +41,9 @@ def test_the_launcher_runs_in_the_image_with_what_distributed_training_needs() -
     opts = " ".join(a[:i])
     for want in ("--network host", "--pid host", "--uts host", "--ipc host", "--rm",
                  "--ulimit memlock=8388608:8388608", "--ulimit stack=67108864:67108864",
-                 "--device nvidia.com/gpu=2 --device nvidia.com/gpu=5", "--workdir /work/proj",
+                 "--device nvidia.com/gpu=2 --device nvidia.com/gpu=5", "--workdir /srv/proj",
                  "--label gpufleet.job=j1", "--pull missing", f"-v {PKG}:{PKG}:ro",
-                 "-v /work/proj:/work/proj", "-v /home/u/.gpufleet/jobs/j1:/home/u/.gpufleet/jobs/j1"):
+                 "-v /srv/proj:/srv/proj", "-v /home/u/.gpufleet/jobs/j1:/home/u/.gpufleet/jobs/j1"):
         assert want in opts, want
     assert "--hostname" not in opts
     assert w.env["CUDA_VISIBLE_DEVICES"] == "0,1"  # the runtime shows only the two, from 0
