@@ -5,8 +5,9 @@ What a user would check: the pool's default image applies to its jobs, the examp
 across two machines with each node's launcher and workers in the image (the image's own
 interpreter; gpufleet's worker side mounted from the node's install, not the submitter's), a
 killed supervisor leaves no container on any machine, a missing image is one line naming the
-image and the machine; and on Slurm, the same GPT in the image through each node's podman
-inside the step, with the clean-up step saying what it removed.
+image and the machine; on Slurm, the same GPT in the image through each node's podman inside
+the step, with the clean-up step saying what it removed; and on the Ray pool, through
+gpufleet's node agent on each Ray node starting the container (not Ray's `image_uri`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fleet_helpers import EXAMPLES, WORKERS, Fleet
+from fleet_helpers import EXAMPLES, WORKERS, Fleet, error_lines
 from images import image_or_skip
 from machines import Machines, machines_or_skip
+from test_ray_pool import ray_pool, rfleet  # noqa: F401  (the test Ray cluster's fixtures)
 from test_slurm_pool import _wait_idle as wait_idle
 from test_slurm_pool import slurm  # noqa: F401  (the test Slurm's fixture)
 from test_ssh_runs import Lab  # the CLI with a HOME of its own for ssh's host keys
@@ -100,17 +102,19 @@ def test_a_killed_supervisor_leaves_no_container_on_any_machine(pool: Pool) -> N
 
 
 def test_a_missing_image_is_one_line_naming_the_image_and_the_machine(pool: Pool) -> None:
-    done = pool.lab("run", "--gpu", "cpu", "--count", "1", "--nodes", "1", "--name", "noimg",
+    """Asked of the hosts the pool would grant, before the grant: exit 2, nothing reserved."""
+    made = len(pool.lab.clusters(all_=True))
+    done = pool.lab("run", "--gpu", "cpu", "--count", "2", "--nodes", "2", "--name", "noimg",
                     "-y", "--image", "localhost/none-such:0", "--pull", "never", "napper.py",
                     timeout=RUN_TIMEOUT)
-    assert done.returncode != 0
-    s = pool.lab.status("noimg")
-    assert s["status"] == "failed"
-    reason = s["reason"] or ""
-    assert any(f"ImageError: image localhost/none-such:0 is not on {a} and could not be pulled"
-               in reason for a in pool.hosts.addresses.values()), reason
-    assert "Traceback" not in pool.lab.ok("logs", "noimg").stdout
-    assert pool.lab.clusters() == []
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    [line] = error_lines(done.stderr)
+    named = [a for a in pool.hosts.addresses.values()
+             if f"image localhost/none-such:0 is not on {a} and could not be pulled" in line]
+    assert len(named) == 2, line  # both machines the job would have had, in one line
+    assert "Traceback" not in done.stderr
+    assert len(pool.lab.clusters(all_=True)) == made  # no cluster made, none left stopped
+    assert pool.lab("status", "noimg").returncode != 0  # no job record either
 
 
 @pytest.mark.usefixtures("slurm")
@@ -138,3 +142,25 @@ def test_the_gpt_runs_in_the_image_on_the_test_slurm(tmp_path: Path) -> None:
         assert left == []
     finally:
         assert not home.cleanup()
+
+
+def test_the_gpt_runs_in_the_image_on_the_ray_pool(rfleet: Fleet) -> None:  # noqa: F811
+    """Each Ray node's agent (a Ray actor on the host) runs the node's launcher in a container
+    of its own, with the node's simulated devices; the agent's keeper removes it at the end."""
+    image = image_or_skip()
+    for f in ("gpt.py", "gpt-config.json"):
+        shutil.copy(EXAMPLES / f, rfleet.cwd / f)
+    done = rfleet("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--name", "rgpt",
+                  "-y", "--image", image, "gpt.py", "--", "--steps", "10", timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    s = rfleet.status("rgpt")
+    assert (s["status"], s["step"], s["image"], s["world_size"]) == ("succeeded", 10, image, 2)
+    assert s["loss"] < s["first_loss"]
+    log = rfleet.ok("logs", "rgpt").stdout
+    started = [ln for ln in log.splitlines() if f"launcher in image {image}" in ln]
+    assert len(started) == 2, log[-3000:]  # one per Ray node, each with the image's python
+    assert all("(podman, /usr/bin/python3, container gpufleet-rgpt-" in ln for ln in started)
+    assert "2 ranks joined over gloo" in log
+    left = subprocess.run(["podman", "ps", "-a", "-q", "--filter", "label=gpufleet.job=rgpt"],
+                          capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert left == []

@@ -19,9 +19,10 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from gpufleet import __version__
 from gpufleet.backends import ssh_nodes
@@ -163,6 +164,13 @@ class SshBackend(DriverProcs):
         from gpufleet.backends import ssh_plan
 
         return ssh_plan.sees(self, node_ids, path, content)
+
+    def check_image(self, node_ids: Sequence[str], container: Mapping[str, Any],
+                    ref: str = "") -> dict[str, str]:
+        """image_nodes.ChecksImages: each host's own preflight of the job's image."""
+        from gpufleet.backends import ssh_plan
+
+        return ssh_plan.check_image(self, node_ids, dict(container))
 
     def node_lost(self, code: int, lines: list[str]) -> str | None:
         """The driver exits NODE_LOST_EXIT after a line `NodeLostError: ...`."""

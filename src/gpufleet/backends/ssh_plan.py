@@ -91,6 +91,32 @@ def sees(backend: SshPool, node_ids: Sequence[str], path: Path, content: str,
         return dict(zip(node_ids, pool.map(one, node_ids), strict=True))
 
 
+def check_image(backend: SshPool, node_ids: Sequence[str], container: dict[str, Any],
+                ) -> dict[str, str]:
+    """Each host's own preflight of the image (its node environment's gpufleet, all hosts at
+    once): the SSH engine's `image_nodes.ChecksImages.check_image`."""
+    from gpufleet.backends.image_nodes import node_answer
+    from gpufleet.backends.image_probe import PROBE_TIMEOUT_S
+    from gpufleet.backends.runtime import PULL_TIMEOUT_S
+
+    image = str(container.get("image", ""))
+
+    def one(node_id: str) -> str:
+        host = backend.host_of(node_id)
+        remote = [host.python, "-m", "gpufleet.backends.image_nodes",
+                  json.dumps(container), node_id]
+        argv = ssh_conn.ssh_argv(host, backend.known_hosts, remote)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                  timeout=PULL_TIMEOUT_S + PROBE_TIMEOUT_S + 60)
+        except subprocess.TimeoutExpired:
+            return node_answer(None, "", "", image, node_id)
+        return node_answer(done.returncode, done.stdout, done.stderr, image, node_id)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(node_ids))) as pool:
+        return dict(zip(node_ids, pool.map(one, node_ids), strict=True))
+
+
 class SshPool(Protocol):
     """What `prepare` needs of the SSH engine (backends/ssh.py)."""
 

@@ -108,8 +108,9 @@ def check_environment(spec: JobSpec, kind: str | None,
     """Refuse, before anything is reserved, a job whose environment cannot run it. A job in an
     image is checked against the image where its node is this machine (the local pool: the
     node's own preflight, run here now, so a missing image or one without torch is exit 2 with
-    nothing held); other pools' nodes are not this machine, and each checks itself before its
-    workers start (NodeAgent.start). A job without an image needs its framework importable by
+    nothing held); other pools' nodes are not this machine: the nodes an SSH pool would grant are
+    asked before the grant (`images.check_before_grant`), and every node checks itself again
+    before its workers start (NodeAgent.start). A job without an image needs its framework importable by
     this host's Python; a job in one does not (the image holds the framework)."""
     if not spec.image:
         check_framework(spec)
@@ -174,6 +175,7 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
                           engine_lines(store, spec, cspec, None, placements),
                           capabilities(cspec.backend).this_host)
         check_environment(spec, cspec.backend, say)
+        images.check_before_grant(store, spec, cspec, cpu_slots, say)
         cluster = provision(store, cspec, approve, cpu_slots, for_job=spec.name,
                             user=owner[0] if owner else None, say=say)
         # the pool may grant other nodes than were asked for: the same pass on what it granted
@@ -196,6 +198,7 @@ def submit(store: Store, spec: JobSpec, approve: Approve, cpu_slots: int | None 
                           engine_lines(store, spec, None, cluster, found),
                           capabilities(cluster.backend).this_host)
         check_environment(spec, cluster.backend, say)
+        images.check_on_nodes(store, spec, cluster, say)
     try:
         job = jobs.create(store, spec, cluster, decided.world, owner)
     except GpufleetError:
@@ -297,6 +300,7 @@ def resume(store: Store, name: str, approve: Approve, cpu_slots: int | None = No
         decided = or_raise(admit(spec, of_cluster(cluster),
                                  facts(store, spec, cluster, own_name=True)))
         check_environment(spec, cluster.backend, say)
+        images.check_on_nodes(store, spec, cluster, say)
         job = jobs.reopen(store, job, cluster, decided.world,
                           f"resumed by gpufleet run --resume, {note}")
     except GpufleetError:
