@@ -59,8 +59,10 @@ def check_before_grant(store: Store, spec: JobSpec, cspec: ClusterSpec,
     there at start."""
     from gpufleet.backends import image_nodes
 
+    if not spec.image:
+        return
     pool = pools.resolve(store, cspec.pool, cspec.backend)
-    if not spec.image or pool is None:
+    if pool is None:
         return
     engine = pools.backend_for(pool, cpu_slots)
     if not isinstance(engine, image_nodes.ChecksImages):
