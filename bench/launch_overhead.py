@@ -1,17 +1,18 @@
 """gpufleet's overhead against bare torchrun, on the same script, in one run.
 
-Runs examples/gpt.py alternately under `torchrun --standalone --nproc-per-node=N` and under
-`gpufleet run --gpu cpu --count N` (a fresh $GPUFLEET_HOME each time), with the script writing a
-timestamp per step on rank 0 (`--trace`). From those it reports, per launcher, the median over
-repetitions of:
+Runs examples/gpt.py in turn under `torchrun --standalone --nproc-per-node=N`, under
+`gpufleet run --gpu cpu --count N` (workers started as fresh processes) and under the same with
+`--warm` (workers forked from a process that has torch imported; launch/warm.py), a fresh
+$GPUFLEET_HOME each time, with the script writing a timestamp per step on rank 0 (`--trace`).
+From those it reports, per launcher, the median over repetitions of:
 
 - time to first step: from starting the command to the end of step 1 (process start-up,
   imports, rendezvous, model build and the first step);
 - steady samples/s: samples between the end of step `--warmup` and the last step, over the
   time between them;
 
-and the ratios gpufleet/torchrun. Alternating the order in each repetition spreads the noise
-of a shared machine over both launchers.
+and the ratios to bare torchrun. Rotating the order in each repetition spreads the noise of a
+shared machine over the launchers.
 
     .venv/bin/python bench/launch_overhead.py [--reps 3] [--steps 60] [--workers 2]
 """
@@ -45,7 +46,8 @@ def run_once(launcher: str, workers: int, steps: int, warmup: int, workdir: Path
     else:
         env["GPUFLEET_HOME"] = str(workdir / f"home-{time.monotonic_ns()}")
         argv = [sys.executable, "-m", "gpufleet.cli", "run", "--gpu", "cpu", "--count", str(workers),
-                "--cpu-slots", str(workers), "-y", str(SCRIPT), "--", *script_args]
+                "--cpu-slots", str(workers), "-y", *(["--warm"] if launcher == "warm" else []),
+                str(SCRIPT), "--", *script_args]
     start = time.time()
     proc = subprocess.run(argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=900)
@@ -73,11 +75,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     args = ap.parse_args()
-    results: dict[str, list[dict[str, float]]] = {"torchrun": [], "gpufleet": []}
+    sides = ["torchrun", "gpufleet", "warm"]
+    results: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
-            order = ["torchrun", "gpufleet"] if rep % 2 == 0 else ["gpufleet", "torchrun"]
-            for launcher in order:
+            for launcher in sides[rep % 3:] + sides[:rep % 3]:
                 r = run_once(launcher, args.workers, args.steps, args.warmup, Path(tmp))
                 results[launcher].append(r)
                 print(f"rep {rep + 1} {launcher:8s} first step {r['first_step_s']:.2f}s "
@@ -86,19 +88,18 @@ def main() -> None:
     def med(launcher: str, key: str) -> float:
         return statistics.median(r[key] for r in results[launcher])
 
-    t_first, g_first = med("torchrun", "first_step_s"), med("gpufleet", "first_step_s")
-    t_sps, g_sps = med("torchrun", "samples_per_s"), med("gpufleet", "samples_per_s")
-    t_wall, g_wall = med("torchrun", "wall_s"), med("gpufleet", "wall_s")
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
           f"python {platform.python_version()}; {args.workers} CPU workers (gloo), "
           f"{args.steps} steps, median of {args.reps}")
     print()
-    print("| measure | bare torchrun | gpufleet run | gpufleet / torchrun |")
-    print("|---|---|---|---|")
-    print(f"| time to first step (s) | {t_first:.2f} | {g_first:.2f} | {g_first / t_first:.2f}x "
-          f"(+{g_first - t_first:.2f} s) |")
-    print(f"| steady samples/s | {t_sps:.1f} | {g_sps:.1f} | {g_sps / t_sps:.3f} |")
-    print(f"| wall time (s) | {t_wall:.1f} | {g_wall:.1f} | {g_wall / t_wall:.2f}x |")
+    print("| measure | bare torchrun | gpufleet run | gpufleet run --warm | run / torchrun "
+          "| --warm / torchrun |")
+    print("|---|---|---|---|---|---|")
+    for key, words, fmt in (("first_step_s", "time to first step (s)", ".2f"),
+                            ("samples_per_s", "steady samples/s", ".1f"),
+                            ("wall_s", "wall time (s)", ".1f")):
+        t, g, w = (med(side, key) for side in sides)
+        print(f"| {words} | {t:{fmt}} | {g:{fmt}} | {w:{fmt}} | {g / t:.3f} | {w / t:.3f} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -39,10 +39,13 @@ SPEC_FIELDS = frozenset({
     "hang_timeout", "cooldown", "checkpoint_to", "workers", "scale_up_util", "scale_down_util",
     "scale_tolerance", "keep", "workdir", "bootstrap", "total_steps", "loss_pattern", "priority",
     "time_limit", "after", "setup", "max_upload", "keep_workdir", "image", "pull",
-    "container_opts", "shm_size"})
+    "container_opts", "shm_size", "warm", "preload"})
 # the same, as earlier versions stored them (their jobs' specs stay readable here): before
-# images (issue 30), before the workdir travelled (issue 29), and before `after`
-SPEC_FIELDS_BEFORE_IMAGE = SPEC_FIELDS - {"image", "pull", "container_opts", "shm_size"}
+# warm workers (issue 31), before images (issue 30), before the workdir travelled (issue 29),
+# and before `after`
+SPEC_FIELDS_BEFORE_WARM = SPEC_FIELDS - {"warm", "preload"}
+SPEC_FIELDS_BEFORE_IMAGE = SPEC_FIELDS_BEFORE_WARM - {"image", "pull", "container_opts",
+                                                      "shm_size"}
 SPEC_FIELDS_BEFORE_WORKDIR = SPEC_FIELDS_BEFORE_IMAGE - {"setup", "max_upload", "keep_workdir"}
 SPEC_FIELDS_BEFORE_AFTER = SPEC_FIELDS_BEFORE_WORKDIR - {"after"}
 SPEC_WORDS = ("strategy", "pp_schedule", "precision", "framework")  # Literal[str] fields
@@ -121,7 +124,8 @@ def layout_words(spec_json: str, world_size: int) -> str | None:
         data = json.loads(spec_json)
     except ValueError:
         raise Declined from None
-    if not isinstance(data, dict) or set(data) not in (SPEC_FIELDS, SPEC_FIELDS_BEFORE_IMAGE,
+    if not isinstance(data, dict) or set(data) not in (SPEC_FIELDS, SPEC_FIELDS_BEFORE_WARM,
+                                                      SPEC_FIELDS_BEFORE_IMAGE,
                                                       SPEC_FIELDS_BEFORE_WORKDIR,
                                                       SPEC_FIELDS_BEFORE_AFTER) \
             or not (data["cluster"] is None or isinstance(data["cluster"], str)) \

@@ -21,6 +21,7 @@ from gpufleet.errors import SpecError, excerpt
 from gpufleet.launch.workdir import DEFAULT_MAX_UPLOAD, MIN_MAX_UPLOAD, parse_size
 from gpufleet.parallelism import Layout, resolve
 from gpufleet.spec_image import ContainerOpts, ImageRef, ShmSize
+from gpufleet.spec_start import Preload
 from gpufleet.spec_yaml import load_yaml as load_yaml  # where it lived before; callers import it here
 from gpufleet.vocab import INTER_NODE_NETWORKS, Framework, Network, Precision, Pull, Schedule, Strategy
 
@@ -320,17 +321,16 @@ class JobSpec(_Spec):
     scale_up_util: float = Field(0.9, gt=0, le=1)
     scale_down_util: float = Field(0.5, ge=0, lt=1)
     cooldown: str = "60s"
-    # a resize that costs more of the samples per $ than this is reverted (supervise/goodput.py)
-    scale_tolerance: float = 0.1
+    scale_tolerance: float = 0.1  # a resize losing more samples/$ is reverted (goodput.py)
     keep: bool = False  # keep a cluster made for this job after the job ends
-    # the worker bootstrap (gpufleet/bootstrap): step reports, health, error records for any script
-    bootstrap: bool = True
+    bootstrap: bool = True  # step reports, health, error records for any script (bootstrap/)
+    warm: bool = False  # workers forked from a process with torch and `preload` imported (warm.py)
+    preload: Preload = Field(default_factory=list)
     total_steps: int | None = Field(None, ge=1)  # for the ETA; else read from the script's args
     loss_pattern: str | None = None  # a regex whose first group is the loss in a log line
     workdir: str | None = None  # where the script runs; the submitting shell's folder by default
-    # where nodes do not see the workdir it travels to them (launch/workdir.py): `setup` runs
-    # once per node per workdir digest before the start; `max_upload` caps what is shipped
-    # (e.g. 100MB, 1GB); `keep_workdir` keeps the shipped copy on the nodes after the job
+    # where nodes do not see the workdir it travels (launch/workdir.py): `setup` runs once per
+    # node per workdir digest; `max_upload` caps what is shipped; `keep_workdir` keeps the copy
     setup: str | None = None
     max_upload: str | None = None
     keep_workdir: bool = False
@@ -339,9 +339,7 @@ class JobSpec(_Spec):
     priority: int = Field(0, ge=-100, le=100)
     time_limit: str | None = None
     after: str | None = None  # a job that must succeed first (Slurm's afterok; lifecycle.depends)
-    # a container image each node's launcher runs in, when to pull it, the runtime options it
-    # adds, a private /dev/shm of that size instead of the host's (spec_image.py,
-    # launch/container.py); a pool's default image applies when `image` is not given
+    # the image each node's launcher runs in and its options (spec_image.py, launch/container.py)
     image: ImageRef | None = None
     pull: Pull = "missing"
     container_opts: ContainerOpts = Field(default_factory=list)

@@ -32,6 +32,7 @@ CLI = [sys.executable, "-m", "gpufleet.cli"]
 DEFAULT_TIMEOUT = 120  # a cold CLI call on a machine loaded many times over; a wait, not a verdict
 CLI_EVERY_S = 5.0  # how often a wait asks the CLI even when the state file says nothing new
 ACTIVE = ("starting", "running", "restarting", "resizing")
+WARM_MARK = "multiprocessing.forkserver"  # a warm job's forkserver and its forks (launch/warm.py)
 
 
 def _base_env() -> dict[str, str]:
@@ -42,7 +43,8 @@ def _base_env() -> dict[str, str]:
 
 def leftovers(home: Path, marker: str | None = None) -> list[psutil.Process]:
     """Live processes started under `home` (by $GPUFLEET_HOME), optionally only those whose
-    command line contains `marker` (e.g. a worker script)."""
+    command line contains `marker` (e.g. a worker script). A warm job's forkserver and the
+    workers forked from it carry no script in their command line: they always count."""
     found = []
     me = os.getpid()
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
@@ -50,7 +52,7 @@ def leftovers(home: Path, marker: str | None = None) -> list[psutil.Process]:
             continue
         try:
             cmd = " ".join(p.info["cmdline"] or [])
-            if marker is not None and marker not in cmd:
+            if marker is not None and marker not in cmd and WARM_MARK not in cmd:
                 continue
             if p.environ().get("GPUFLEET_HOME") == str(home):
                 found.append(p)

@@ -456,3 +456,22 @@ def test_after_stop_a_killed_driver_or_a_cut_nothing_is_left_on_any_machine(
         pool: Pool, ended: Ended) -> None:
     assert pool.lab.status("held")["status"] == "stopped"
     assert ended.left == {}
+
+
+def test_warm_workers_fork_from_each_machines_own_torch(pool: Pool) -> None:
+    """`--warm` on two machines: each node's launcher (`python -m gpufleet.launch.warm`, from
+    the machine's own gpufleet) forks its rank from a forkserver with torch imported. Last in
+    the module: its script changes the shipped workdir."""
+    shutil.copy(WORKERS / "warm_probe.py", pool.project / "warm_probe.py")
+    r = pool.lab("run", "--gpu", "cpu", "--count", "2", "--nodes", "2", "--name", "warm", "-y",
+                 "--warm", "warm_probe.py", "--", "4", timeout=420)
+    assert r.returncode == 0, said(r)
+    log = pool.lab.ok("logs", "warm").stdout
+    found = re.findall(r"probe rank (\d) warm=(\w+) name=__main__ argv=\['(\S+)', '4'\] "
+                       r"path0=(\S+) forkserver_parent=(\w+)", log)
+    assert sorted(f[0] for f in found) == ["0", "1"], log[-3000:]
+    for _rank, warm, script, path0, forked in found:
+        assert (warm, forked, script) == ("True", "True", "warm_probe.py")  # as given
+        assert path0.startswith("/")  # the script's folder on the machine, as `python` sets it
+    assert all("gpufleet.launch.warm" in n["argv"] for n in pool.plan("warm")["nodes"])
+    assert pool.lab.status("warm")["step"] == 4

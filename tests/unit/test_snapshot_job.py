@@ -140,6 +140,10 @@ def test_a_spec_stored_before_after_existed_is_read_the_same_way() -> None:
     import json
 
     old = json.loads(_spec(strategy="tp", tp=2, pp=2, pp_schedule="gpipe", microbatches=8))
+    for key in ("warm", "preload"):  # stored before warm workers
+        del old[key]
+    words = snapshot_job.layout_words(json.dumps(old), 4)
+    assert words is not None and words == view.requested_layout(json.dumps(old), 4)
     for key in ("image", "pull", "container_opts", "shm_size"):  # stored before images
         del old[key]
     words = snapshot_job.layout_words(json.dumps(old), 4)

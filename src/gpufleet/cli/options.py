@@ -78,6 +78,12 @@ TotalSteps = Annotated[int | None, typer.Option(
 LossPattern = Annotated[str | None, typer.Option(
     "--loss-pattern", help="Regex whose first group is the loss in the script's log lines."
     + default("'loss 2.31', 'loss: 2.31', {'loss': 2.31}"))]
+WarmOpt = Annotated[bool, typer.Option(
+    "--warm/--no-warm", help="Fork the workers from a process that has torch imported (torchrun "
+    "and deepspeed): no import per worker at each start and restart.")]
+PreloadOpt = Annotated[str | None, typer.Option(
+    "--preload", help="With --warm: more modules imported once before the workers fork, comma "
+    "separated, e.g. transformers,datasets.")]
 BootstrapOpt = Annotated[bool, typer.Option(
     "--bootstrap/--no-bootstrap", help="Count optimizer steps and record errors in every "
     "worker, for scripts that do not call gpufleet.train.report.")]

@@ -4,7 +4,9 @@ framework: torchrun, Accelerate, DeepSpeed, Ray Train or Horovod. Pure: data in,
 Every framework gets the same job variables (`GPUFLEET_*`, the layout), so `gpufleet.train`
 behaves the same under each; what differs is the launcher and the config it reads:
 
-- torchrun: `python -m torch.distributed.run`, the reference path.
+- torchrun: `python -m torch.distributed.run`, the reference path; with `warm`,
+  `python -m gpufleet.launch.warm`: the same launcher, its workers forked from a process that
+  has torch imported (launch/warm.py).
 - accelerate: `accelerate launch --config_file accelerate.yaml`, the config written from the
   strategy and precision (FSDP2 for fsdp/zero2/zero3, DeepSpeed-free), so a script written with
   `Accelerator()` gets the same setup. Accelerate starts its workers through torchrun.
@@ -188,7 +190,11 @@ def _torchrun_argv(spec: JobSpec, ctx: JobContext, workers: int,
         "--rdzv-endpoint", rdzv.endpoint, "--rdzv-id", rdzv.run_id,
         "--rdzv-conf", f"is_host={1 if rdzv.node_rank == 0 else 0}",
         "--local-addr", rdzv.local_addr]
-    return [ctx.python, "-m", "torch.distributed.run", *nodes, "--nproc-per-node", str(workers),
+    # warm: torchrun's own launcher whose workers fork from a process with torch imported
+    launcher = (["gpufleet.launch.warm", *(["--preload", ",".join(spec.preload)]
+                                           if spec.preload else []), "--"]
+                if spec.warm else ["torch.distributed.run"])
+    return [ctx.python, "-m", *launcher, *nodes, "--nproc-per-node", str(workers),
             "--max-restarts", "0",  # gpufleet's supervisor restarts, from the last checkpoint
             "--log-dir", str(ctx.job_dir / "torchrun"), "--tee", "3",
             spec.script, *spec.args]

@@ -34,4 +34,7 @@ def note_of(rec: dict[str, Any], total_steps: int | None = None
         return note, RecordEvent(kind, durable_copy.failed_text(step, str(rec.get("why"))[:300]))
     if kind == "resumed":
         return note, RecordEvent("resumed", f"from the checkpoint at step {step}")
+    if kind == "warm_off":  # a node's launcher could not start its workers warm (launch/warm.py)
+        where = f" on {str(rec.get('node'))[:100]}" if rec.get("node") else ""
+        return note, RecordEvent(kind, f"workers started cold{where}: {str(rec.get('why'))[:300]}")
     return note, None

@@ -15,6 +15,8 @@ from typing import Any
 
 import psutil
 
+from gpufleet.launch.warm_rank import rank_in_name
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -51,8 +53,8 @@ class CpuSampler:
             return
         known = set(self.pids.values())
         for p in children:
-            try:
-                rank = p.environ().get(self.rank_var)
+            try:  # a warm rank's environment was set after its fork: its name says it
+                rank = p.environ().get(self.rank_var) or rank_in_name(p.name(), self.rank_var)
             except psutil.Error:
                 continue
             if rank is not None and rank.isdigit() and int(rank) not in self.pids \

@@ -61,10 +61,13 @@ def progress_record(*, t: float, rank: int, pid: int, step: int, node: str | Non
     return record
 
 
-def note_record(kind: str, *, t: float, rank: int, pid: int, node: str | None = None,
+def note_record(kind: str, *, t: float, rank: int, pid: int | None, node: str | None = None,
                 fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A lifecycle note; fields that are None are left out."""
-    record: dict[str, Any] = {T: t, RANK: rank, EVENT: kind, PID: pid}
+    """A lifecycle note; fields that are None are left out (a node launcher's note has rank
+    -1 and no pid: it is no rank's process to sample)."""
+    record: dict[str, Any] = {T: t, RANK: rank, EVENT: kind}
+    if pid is not None:
+        record[PID] = pid
     if node is not None:
         record[NODE] = node
     record.update({k: v for k, v in (fields or {}).items() if v is not None})

@@ -109,3 +109,10 @@ def send_event(kind: str, **fields: Any) -> None:
         _reporter = _Reporter()
     _reporter.send(wire.note_record(kind, t=time.time(), rank=_reporter.rank, pid=_reporter.pid,
                                     node=_reporter.node, fields=fields))
+
+
+def send_launcher_note(kind: str, **fields: Any) -> None:
+    """A note from a node's launcher (launch/warm.py's fallback to cold starts): no rank, no
+    pid. Fire and forget, like `report`."""
+    _Reporter().send(wire.note_record(kind, t=time.time(), rank=-1, pid=None,
+                                      node=os.environ.get(wire.NODE_ENV) or None, fields=fields))

@@ -1,0 +1,104 @@
+"""torchrun whose workers start warm: forked from a process that has torch imported already.
+
+    python -m gpufleet.launch.warm [--preload MOD,...] -- TORCHRUN_ARGS... SCRIPT ARGS...
+
+A fresh worker spends seconds importing torch (about 2.7 s of CPU each on the 2-core test
+machine), at every start and every restart. Here torchrun's own launcher runs as usual (its
+arguments, rendezvous, log files, restarts and exit codes unchanged), except that its workers
+are Python functions started through multiprocessing's forkserver, whose server imports
+`torch`, `torch.distributed` and the `--preload` modules once (`set_forkserver_preload`); each
+worker is a fork of it and runs `warm_rank.run`, which does per rank what a fresh interpreter
+would (the bootstrap armed, argv, sys.path, `__main__`).
+
+Frozen in the forkserver, so shared by every rank: what those modules do at import. torch
+reads no rank's settings then (the devices and thread counts are read at first use), and the
+forkserver must have no CUDA context and no OpenMP pool, which a fork cannot carry:
+`--preload` modules are imported here first and checked (`torch.cuda.is_initialized()`, a
+started OpenMP pool); when one fails, the workers start cold, as plain torchrun's, with a
+warning line that says why.
+
+The `__main__` guard is what keeps the forkserver from running this launcher again (it
+imports the launcher's main module as `__mp_main__`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+BASE_PRELOAD = ("torch", "torch.distributed")
+WARM_FAILED = "gpufleet: warm start off"  # the warning's first words, as the supervisor shows it
+
+
+def split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(`--preload` modules, torchrun's arguments) from this launcher's command line (pure)."""
+    preload: list[str] = []
+    rest = list(argv)
+    while rest and rest[0] != "--":
+        head = rest.pop(0)
+        if head == "--preload" and rest:
+            preload += [m.strip() for m in rest.pop(0).split(",") if m.strip()]
+        elif head.startswith("--preload="):
+            preload += [m.strip() for m in head.split("=", 1)[1].split(",") if m.strip()]
+        else:
+            raise SystemExit(f"gpufleet.launch.warm: unknown option {head!r}; "
+                             f"usage: [--preload MOD,...] -- TORCHRUN_ARGS")
+    return preload, rest[1:] if rest else []
+
+
+def unsafe(preload: Sequence[str]) -> str | None:
+    """Why forking workers from a process that imported `preload` would be unsafe, or None:
+    imported here (the launcher has torch already) and checked as the forkserver will be."""
+    import importlib
+
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # any failure of a user's module
+            return f"--preload {name} could not be imported: {exc!r}"
+    import torch
+
+    if torch.cuda.is_initialized():
+        return f"importing {', '.join(preload) or 'torch'} initialised CUDA, which a fork cannot carry"
+    return None
+
+
+def main(argv: Sequence[str]) -> None:
+    """torchrun's `main` (its argument parsing and its error summary on a failed worker), with
+    the workers made functions forked from the warm forkserver."""
+    import multiprocessing
+    import multiprocessing.forkserver
+    from typing import Any
+
+    preload, args = split(argv)
+    # the forkserver starts now and imports torch while this process imports it too: on a
+    # node with a core to spare the two imports overlap (what a cold start pays twice in a row,
+    # the launcher's import then its workers')
+    multiprocessing.set_forkserver_preload([*BASE_PRELOAD, *preload])
+    multiprocessing.forkserver.ensure_running()
+
+    from torch.distributed import run as torchrun
+
+    from gpufleet.launch import warm_rank
+
+    why = unsafe(preload)
+    if why is not None:
+        print(f"{WARM_FAILED}: {why}; workers start cold", file=sys.stderr, flush=True)
+        from gpufleet.train.report import send_launcher_note
+
+        send_launcher_note("warm_off", why=why)  # the job's events say so too
+        torchrun.main(args)
+        return
+    plain = torchrun.config_from_args
+
+    def config_from_args(a: Any) -> tuple[Any, Any, list[str]]:
+        config, _cmd, _cmd_args = plain(a)
+        return config, warm_rank.run, [a.training_script, "1" if a.module else "0",
+                                       *a.training_script_args]
+
+    torchrun.config_from_args = config_from_args
+    torchrun.main(["--start-method", "forkserver", *args])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,106 @@
+"""One rank of a warm start: what a worker forked from the warm process runs (launch/warm.py).
+
+A worker forked from the forkserver did not start a Python of its own, so nothing a fresh
+interpreter does per process has happened for it: its environment (RANK, the devices) was set
+by torch's elastic agent just before this runs, and the bootstrap's `sitecustomize` ran once
+in the forkserver, where there was no rank to arm. So this does, in order, what a fresh
+`python script.py` under torchrun would have done: arm the bootstrap for this rank, make
+`sys.argv` and `sys.path[0]` the script's, and run the script (or `-m` module) as `__main__`
+through `runpy` (which puts it in `sys.modules["__main__"]` while it runs, so a spawned
+DataLoader worker finds the script's classes as under a fresh start).
+
+It stays importable without torch: the forkserver imports the heavy modules, not this.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import runpy
+import sys
+from collections.abc import Mapping
+
+NAME_RE = re.compile(r"gfr(\d+)l(\d+)")
+
+
+def process_name(environ: Mapping[str, str]) -> str:
+    """The rank's process name (Linux's 15-character `comm`): its ranks, readable from outside.
+    A forked worker's /proc/PID/environ is the forkserver's (its RANK was set after the fork),
+    so telemetry finds a warm rank by this name instead (`rank_in_name`)."""
+    return f"gfr{environ.get('RANK', '')}l{environ.get('LOCAL_RANK', '')}"[:15]
+
+
+def rank_in_name(name: str, var: str) -> str | None:
+    """RANK or LOCAL_RANK (`var`) from a warm rank's process name; None for any other name."""
+    m = NAME_RE.fullmatch(name)
+    if m is None:
+        return None
+    return m.group(2) if var == "LOCAL_RANK" else m.group(1)
+
+
+def _name_process() -> None:
+    """`prctl(PR_SET_NAME)`; a system without it keeps the name (telemetry then misses it)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, process_name(os.environ).encode(), 0, 0, 0)  # 15: PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def run(script: str, as_module: str, *args: str) -> None:
+    """The rank's script with `args`; `as_module` "1": `script` is a module name (`-m`)."""
+    import multiprocessing.util
+
+    _name_process()
+    _arm_bootstrap()
+    multiprocessing.util.Finalize(None, _at_exit, exitpriority=100)
+    if as_module == "1":
+        sys.argv = [script, *args]  # runpy replaces argv[0] with the module's file
+        sys.path[0:0] = [os.getcwd()]  # what `python -m` puts first
+        _guarded(lambda: runpy.run_module(script, run_name="__main__", alter_sys=True))
+    else:
+        sys.argv = [script, *args]
+        sys.path[0:0] = [os.path.dirname(os.path.abspath(script))]  # as `python script.py`
+        _guarded(lambda: runpy.run_path(script, run_name="__main__"))
+
+
+def _arm_bootstrap() -> None:
+    """The bootstrap, as `sitecustomize` arms it in a fresh worker (its failure never stops
+    the script)."""
+    try:
+        from gpufleet.bootstrap import enabled, worker
+
+        if enabled(dict(os.environ)):
+            worker.arm()
+    except Exception as exc:
+        print(f"gpufleet bootstrap: not armed ({exc!r})", file=sys.stderr)
+
+
+def _guarded(body: object) -> None:
+    """Run the script; an uncaught exception goes through `sys.excepthook` as at a fresh
+    interpreter's end (the bootstrap's hook writes the rank's error record) and ends the rank
+    with exit 1."""
+    assert callable(body)
+    try:
+        body()
+    except SystemExit:
+        raise
+    except BaseException as exc:  # what an interpreter's top level sees
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        raise SystemExit(1) from None
+
+
+def _at_exit() -> None:
+    """The script's and the bootstrap's `atexit` handlers, as a fresh interpreter runs them
+    at its end. A multiprocessing child ends through `os._exit`, which skips them, so they
+    are run from multiprocessing's own exit step instead: after torch's agent has the rank's
+    result (a handler that ends the process itself, as gpufleet.train's does, would otherwise
+    leave the agent waiting for it), before the process ends. multiprocessing's own handler
+    is the one running them: it is not run twice."""
+    import multiprocessing.util
+
+    atexit.unregister(getattr(multiprocessing.util, "_exit_function"))  # noqa: B009 - private
+    atexit._run_exitfuncs()
