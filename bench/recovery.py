@@ -7,6 +7,8 @@ under
 - `gpufleet run WORKER --gpu cpu --count 2 -y --max-restarts 1` (a fresh $GPUFLEET_HOME each
   time, GPUFLEET_CPU_SLOTS=2): torchrun inside runs with --max-restarts 0, and gpufleet's
   supervisor restarts the group, from the job's checkpoint folder;
+- the same with `--warm` (workers forked from a forkserver with torch imported; each restart
+  is still a new launcher with a new forkserver: docs/warm.md);
 - `torchrun --standalone --nproc-per-node 2 --max-restarts 1 WORKER`: torchrun's agent restarts
   the group itself; the same Checkpointer resumes from $GPUFLEET_CHECKPOINT_DIR (a fresh folder
   each time), so both restart from the same checkpoint and redo the same steps. It runs with
@@ -24,7 +26,7 @@ worker's own log: the new rank-0 process starting, its process group joined
 For gpufleet the job's events (`gpufleet status NAME --json`) split the first part further:
 death -> `worker_failed` (detected, the group ended) -> `running` (restarted; the supervisor
 restarts at once after a first failure and backs off only after repeated ones).
-The table gives medians over `--reps` runs of each and the ratio gpufleet/torchrun.
+The table gives medians over `--reps` runs of each and the ratios to bare torchrun.
 
     .venv/bin/python bench/recovery.py [--reps 3] [--steps 40] [--every 10] [--kill-after 15]
 """
@@ -48,6 +50,8 @@ from typing import Any
 import psutil
 from procs import end_tree
 
+from gpufleet.launch.warm_rank import rank_in_name
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "bench" / "workers" / "recovery_worker.py"
 _SCRUB = ("GPUFLEET_CONTROL_FILE", "GPUFLEET_CHECKPOINT_DIR", "GPUFLEET_CHECKPOINT_TO",
@@ -67,8 +71,11 @@ def find_rank(launcher_pid: int, run_id: str, rank: int) -> psutil.Process | Non
         for p in procs:
             try:
                 env = p.environ()
-                if env.get(MARKER) == run_id and env.get("RANK") == str(rank) \
-                        and str(WORKER) in " ".join(p.cmdline()):
+                if env.get(MARKER) != run_id:
+                    continue
+                if env.get("RANK") == str(rank) and str(WORKER) in " ".join(p.cmdline()):
+                    return p
+                if rank_in_name(p.name(), "RANK") == str(rank):  # a warm rank (launch/warm_rank)
                     return p
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
@@ -106,8 +113,8 @@ def run_once(launcher: str, args: argparse.Namespace, workdir: Path, rep: int) -
     else:
         env.update(GPUFLEET_HOME=str(workdir / f"{tag}-home"), GPUFLEET_CPU_SLOTS="2")
         argv = [sys.executable, "-m", "gpufleet.cli", "run", str(WORKER), "--gpu", "cpu",
-                "--count", "2", "-y", "--max-restarts", "1", "--name", name, "--",
-                *script_args]
+                "--count", "2", "-y", "--max-restarts", "1", "--name", name,
+                *(["--warm"] if launcher == "warm" else []), "--", *script_args]
     t_death: float | None = None
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=sink,
@@ -138,7 +145,7 @@ def run_once(launcher: str, args: argparse.Namespace, workdir: Path, rep: int) -
                 proc.wait()
     if code != 0:
         raise SystemExit(f"{launcher} failed ({code}):\n" + out.read_text(errors="replace")[-3000:])
-    return measure(launcher, read_log(log), t_death, env if launcher == "gpufleet" else None, name)
+    return measure(launcher, read_log(log), t_death, None if launcher == "torchrun" else env, name)
 
 
 def measure(launcher: str, events: list[dict[str, Any]], t_death: float,
@@ -212,11 +219,11 @@ def main() -> None:
         args.reps, args.steps, args.every, args.kill_after = 1, 16, 5, 7
     if not args.every <= args.kill_after < args.steps:
         ap.error("need --every <= --kill-after < --steps (a checkpoint before the kill)")
-    results: dict[str, list[dict[str, Any]]] = {"torchrun": [], "gpufleet": []}
+    sides = ["torchrun", "gpufleet", "warm"]
+    results: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-recovery-") as tmp:
         for rep in range(args.reps):
-            order = ["torchrun", "gpufleet"] if rep % 2 == 0 else ["gpufleet", "torchrun"]
-            for launcher in order:
+            for launcher in sides[rep % 3:] + sides[:rep % 3]:
                 r = run_once(launcher, args, Path(tmp), rep)
                 results[launcher].append(r)
                 print(f"rep {rep + 1} {launcher:8s} death -> resumed {r['death_to_resumed_s']:.2f} s "
@@ -235,8 +242,9 @@ def main() -> None:
           f"{args.every} steps, rank 1 SIGKILLed after step {args.kill_after}, median of "
           f"{args.reps}")
     print()
-    print("| measure | bare torchrun | gpufleet run | gpufleet / torchrun |")
-    print("|---|---|---|---|")
+    print("| measure | bare torchrun | gpufleet run | gpufleet run --warm | run / torchrun | "
+          "--warm / torchrun |")
+    print("|---|---|---|---|---|---|")
     rows = [("death -> resumed: first step done after the restart (s)", "death_to_resumed_s"),
             ("  death -> new rank-0 process started (s)", "death_to_process_s"),
             ("  process start -> process group joined: imports, rendezvous (s)",
@@ -245,22 +253,25 @@ def main() -> None:
              "joined_to_loaded_s"),
             ("  checkpoint loaded -> first step done (s)", "loaded_to_step_s")]
     for label, key in rows:
-        t, g = med("torchrun", key), med("gpufleet", key)
-        print(f"| {label} | {t:.2f} | {g:.2f} | {g / t:.2f}x ({g - t:+.2f} s) |")
-    t, g = med("torchrun", "steps_redone"), med("gpufleet", "steps_redone")
-    print(f"| steps redone | {t:.0f} | {g:.0f} | |")
+        t, g, w = (med(side, key) for side in sides)
+        print(f"| {label} | {t:.2f} | {g:.2f} | {w:.2f} | {g / t:.2f}x ({g - t:+.2f} s) | "
+              f"{w / t:.2f}x ({w - t:+.2f} s) |")
+    t, g, w = (med(side, "steps_redone") for side in sides)
+    print(f"| steps redone | {t:.0f} | {g:.0f} | {w:.0f} | | |")
     print()
     if any("death_to_failed_s" in r for r in results["gpufleet"]):
         print("gpufleet's part, from its job events (median):")
         print()
-        print("| part | seconds |")
-        print("|---|---|")
-        print(f"| death -> worker_failed (torchrun ends the group, the supervisor sees it) | "
-              f"{med('gpufleet', 'death_to_failed_s'):.2f} |")
-        print(f"| worker_failed -> running (no backoff before a first restart) | "
-              f"{med('gpufleet', 'failed_to_running_s'):.2f} |")
-        print(f"| running -> first step done (torchrun, rendezvous, imports, load, one step) | "
-              f"{med('gpufleet', 'running_to_step_s'):.2f} |")
+        print("| part | gpufleet run (s) | --warm (s) |")
+        print("|---|---|---|")
+        for label, key in (
+                ("death -> worker_failed (torchrun ends the group, the supervisor sees it)",
+                 "death_to_failed_s"),
+                ("worker_failed -> running (no backoff before a first restart)",
+                 "failed_to_running_s"),
+                ("running -> first step done (torchrun, rendezvous, imports, load, one step)",
+                 "running_to_step_s")):
+            print(f"| {label} | {med('gpufleet', key):.2f} | {med('warm', key):.2f} |")
         print()
     print("gpufleet's supervisor restarts at once after a first failure (backing off 1, 2, 4 ... "
           "s only after repeated ones) by starting a fresh torchrun; bare torchrun's agent "
