@@ -12,10 +12,11 @@ would (the bootstrap armed, argv, sys.path, `__main__`).
 
 Frozen in the forkserver, so shared by every rank: what those modules do at import. torch
 reads no rank's settings then (the devices and thread counts are read at first use), and the
-forkserver must have no CUDA context and no OpenMP pool, which a fork cannot carry:
-`--preload` modules are imported here first and checked (`torch.cuda.is_initialized()`, a
-started OpenMP pool); when one fails, the workers start cold, as plain torchrun's, with a
-warning line that says why.
+forkserver must have no CUDA context, which a fork cannot carry: the `--preload` modules are
+imported here too (while the forkserver imports them) and checked before any worker forks
+(`torch.cuda.is_initialized()`); when one fails, the workers start cold, as plain torchrun's,
+with a warning line and a `warm_off` event that say why. A started OpenMP pool is not
+detected (docs/warm.md).
 
 The `__main__` guard is what keeps the forkserver from running this launcher again (it
 imports the launcher's main module as `__mp_main__`).

@@ -19,7 +19,7 @@ import os
 import re
 import runpy
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 NAME_RE = re.compile(r"gfr(\d+)l(\d+)")
 
@@ -57,13 +57,17 @@ def run(script: str, as_module: str, *args: str) -> None:
     _name_process()
     _arm_bootstrap()
     multiprocessing.util.Finalize(None, _at_exit, exitpriority=100)
+    sys.argv = [script, *args]  # for a module, runpy puts the module's file in argv[0]
+    # sys.path is the launcher's, which `python -m` began with the working folder: what a
+    # `python -m` worker has too; `python script.py` has the script's folder there instead
+    first = os.path.dirname(os.path.abspath(script)) if as_module != "1" else os.getcwd()
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        sys.path[0] = first
+    else:
+        sys.path.insert(0, first)
     if as_module == "1":
-        sys.argv = [script, *args]  # runpy replaces argv[0] with the module's file
-        sys.path[0:0] = [os.getcwd()]  # what `python -m` puts first
         _guarded(lambda: runpy.run_module(script, run_name="__main__", alter_sys=True))
     else:
-        sys.argv = [script, *args]
-        sys.path[0:0] = [os.path.dirname(os.path.abspath(script))]  # as `python script.py`
         _guarded(lambda: runpy.run_path(script, run_name="__main__"))
 
 
@@ -79,11 +83,10 @@ def _arm_bootstrap() -> None:
         print(f"gpufleet bootstrap: not armed ({exc!r})", file=sys.stderr)
 
 
-def _guarded(body: object) -> None:
+def _guarded(body: Callable[[], object]) -> None:
     """Run the script; an uncaught exception goes through `sys.excepthook` as at a fresh
     interpreter's end (the bootstrap's hook writes the rank's error record) and ends the rank
     with exit 1."""
-    assert callable(body)
     try:
         body()
     except SystemExit:
