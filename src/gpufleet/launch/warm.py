@@ -106,10 +106,11 @@ def main(argv: Sequence[str]) -> None:
 def _ended(launcher: Callable[[], None]) -> NoReturn:
     """Run torchrun's launcher, then end this process as Python would (its exit code, the
     traceback of what ended it) but without the interpreter's teardown: multiprocessing's
-    exit step (joining the dead workers through the forkserver, its finalizers) took 0.9 s
-    here after every run, a failed one included, which the supervisor would wait for before a
-    restart. Nothing needs it: the workers are gone, and the forkserver and multiprocessing's
-    resource tracker end by themselves once this process's end of their pipes closes."""
+    exit step (joining the dead workers through the forkserver) took 0.9 s here after every
+    run, a failed one included, which the supervisor would wait for before a restart. Nothing
+    needs the join: the workers are gone, and the forkserver and multiprocessing's resource
+    tracker end by themselves once this process's end of their pipes closes. Its finalizers
+    do run (they remove the forkserver's socket folder)."""
     code = 0
     try:
         launcher()
@@ -122,6 +123,11 @@ def _ended(launcher: Callable[[], None]) -> NoReturn:
     except BaseException:  # what the interpreter's top level would print
         traceback.print_exc()
         code = 1
+    import multiprocessing.util
+
+    # multiprocessing's finalizers, without its join of every worker it started: the folder of
+    # the forkserver's socket (/tmp/pymp-*) is removed by one, and would be left behind
+    getattr(multiprocessing.util, "_run_finalizers")()  # noqa: B009 - private
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
