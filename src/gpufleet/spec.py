@@ -21,7 +21,7 @@ from gpufleet.errors import SpecError, excerpt
 from gpufleet.launch.workdir import DEFAULT_MAX_UPLOAD, MIN_MAX_UPLOAD, parse_size
 from gpufleet.parallelism import Layout, resolve
 from gpufleet.spec_image import ContainerOpts, ImageRef, ShmSize
-from gpufleet.spec_start import Preload
+from gpufleet.spec_start import Preload, start_problems
 from gpufleet.spec_yaml import load_yaml as load_yaml  # where it lived before; callers import it here
 from gpufleet.vocab import INTER_NODE_NETWORKS, Framework, Network, Precision, Pull, Schedule, Strategy
 
@@ -493,7 +493,7 @@ class JobSpec(_Spec):
             spec = cls.model_validate(data)
         except ValidationError as exc:
             raise SpecError(_errors(exc) + list(found)) from None
-        problems = [*found, *spec.elastic_problems()]
+        problems = [*found, *spec.elastic_problems(), *start_problems(spec.warm, spec.preload)]
         if problems:
             raise SpecError(problems)
         return spec

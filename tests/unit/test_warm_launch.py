@@ -48,7 +48,11 @@ def test_preload_takes_a_list_or_commas_and_refuses_what_is_not_a_module_name() 
     assert JobSpec(script="t.py", preload=["a.b_c"]).preload == ["a.b_c"]
     assert JobSpec(script="t.py").preload == [] and JobSpec(script="t.py").warm is False
     with pytest.raises(SpecError) as err:
-        JobSpec.parse({"script": "t.py", "preload": "torch,1x"})
+        JobSpec.parse({"script": "t.py", "preload": "transformers"})
+    assert err.value.problems == [("preload", "modules are preloaded for warm starts only; add "
+                                   "--warm (warm: true) or drop --preload")]
+    with pytest.raises(SpecError) as err:
+        JobSpec.parse({"script": "t.py", "warm": True, "preload": "torch,1x"})
     assert err.value.problems == [("preload", "'1x' is not a module name: use importable names "
                                    "such as transformers,datasets")]
 
