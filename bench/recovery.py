@@ -1,15 +1,15 @@
 """Time from a rank's death to training resumed: `gpufleet run` against bare `torchrun`.
 
-Runs bench/workers/recovery_worker.py (2 gloo ranks, a small DDP model, a checkpoint through
-`gpufleet.train.Checkpointer` every `--every` steps, a wall-clock timestamp per step) alternately
-under
+Runs bench/workers/recovery_worker.py (`--ranks` gloo ranks, 2 by default, a small DDP model,
+a checkpoint through `gpufleet.train.Checkpointer` every `--every` steps, a wall-clock
+timestamp per step) alternately under
 
 - `gpufleet run WORKER --gpu cpu --count 2 -y --max-restarts 1` (a fresh $GPUFLEET_HOME each
   time, GPUFLEET_CPU_SLOTS=2): torchrun inside runs with --max-restarts 0, and gpufleet's
   supervisor restarts the group, from the job's checkpoint folder;
-- the same with `--warm` (workers forked from a forkserver with torch imported; each restart
-  is still a new launcher with a new forkserver: docs/warm.md);
-- `torchrun --standalone --nproc-per-node 2 --max-restarts 1 WORKER`: torchrun's agent restarts
+- the same with `--warm` (workers forked from a forkserver with torch imported; a restart is
+  handed to the launcher that waits with its workers ended, the same forkserver: docs/warm.md);
+- `torchrun --standalone --nproc-per-node RANKS --max-restarts 1 WORKER`: torchrun's agent restarts
   the group itself; the same Checkpointer resumes from $GPUFLEET_CHECKPOINT_DIR (a fresh folder
   each time), so both restart from the same checkpoint and redo the same steps. It runs with
   TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (unless --shared-store): with torch's default, the
@@ -109,11 +109,12 @@ def run_once(launcher: str, args: argparse.Namespace, workdir: Path, rep: int) -
         if not args.shared_store:
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", "2", "--max-restarts", "1", str(WORKER), *script_args]
+                "--nproc-per-node", str(args.ranks), "--max-restarts", "1", str(WORKER),
+                *script_args]
     else:
-        env.update(GPUFLEET_HOME=str(workdir / f"{tag}-home"), GPUFLEET_CPU_SLOTS="2")
+        env.update(GPUFLEET_HOME=str(workdir / f"{tag}-home"), GPUFLEET_CPU_SLOTS=str(args.ranks))
         argv = [sys.executable, "-m", "gpufleet.cli", "run", str(WORKER), "--gpu", "cpu",
-                "--count", "2", "-y", "--max-restarts", "1", "--name", name,
+                "--count", str(args.ranks), "-y", "--max-restarts", "1", "--name", name,
                 *(["--warm"] if launcher == "warm" else []), "--", *script_args]
     t_death: float | None = None
     with out.open("wb") as sink:
@@ -202,6 +203,7 @@ def job_parts(env: dict[str, str], name: str, t_death: float, t_step: float) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3, help="runs of each launcher, alternating")
+    ap.add_argument("--ranks", type=int, default=2, help="gloo ranks (CPU processes)")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
     ap.add_argument("--kill-after", type=int, default=15,
@@ -238,7 +240,7 @@ def main() -> None:
         return statistics.median(vals) if vals else float("nan")
 
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
-          f"python {platform.python_version()}; 2 CPU ranks (gloo, DDP), checkpoint every "
+          f"python {platform.python_version()}; {args.ranks} CPU ranks (gloo, DDP), checkpoint every "
           f"{args.every} steps, rank 1 SIGKILLed after step {args.kill_after}, median of "
           f"{args.reps}")
     print()
@@ -274,7 +276,8 @@ def main() -> None:
             print(f"| {label} | {med('gpufleet', key):.2f} | {med('warm', key):.2f} |")
         print()
     print("gpufleet's supervisor restarts at once after a first failure (backing off 1, 2, 4 ... "
-          "s only after repeated ones) by starting a fresh torchrun; bare torchrun's agent "
+          "s only after repeated ones): plain, by starting a fresh torchrun; --warm, by handing "
+          "the run to the launcher that waits with its workers ended; bare torchrun's agent "
           "restarts its workers in place, polling them every 0.1 s (--monitor-interval).")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

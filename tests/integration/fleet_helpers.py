@@ -78,6 +78,18 @@ def wait_no_leftovers(home: Path, marker: str | None = None, timeout: float = 10
         time.sleep(0.2)
 
 
+WARM_ALL = "GPUFLEET_TEST_WARM"  # "1": every `run` of the tests starts its workers warm
+
+
+def warm_if_asked(args: tuple[str, ...]) -> tuple[str, ...]:
+    """`run ARGS` as `run --warm ARGS` when $GPUFLEET_TEST_WARM=1 and the test chose neither
+    (docs/testing.md: the suite's restart tests run warm that way)."""
+    if os.environ.get(WARM_ALL) != "1" or not args or args[0] != "run" or \
+            {"--warm", "--no-warm"} & set(args):
+        return args
+    return ("run", "--warm", *args[1:])
+
+
 class Fleet:
     """The gpufleet CLI bound to one state folder and one CPU-slot count."""
 
@@ -95,7 +107,7 @@ class Fleet:
     def __call__(self, *args: str, timeout: float = DEFAULT_TIMEOUT, slots: int | None = None,
                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*CLI, *args], env={**self.env(slots), **(env or {})}, cwd=self.cwd,
+            [*CLI, *warm_if_asked(args)], env={**self.env(slots), **(env or {})}, cwd=self.cwd,
             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
         )
 
@@ -106,7 +118,8 @@ class Fleet:
         runner started with `&`, would otherwise pass SIGINT down as ignored)."""
         preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sigint_default else None
         return subprocess.Popen(
-            [*CLI, *args], env=self.env(slots), cwd=self.cwd, stdin=subprocess.DEVNULL,
+            [*CLI, *warm_if_asked(args)], env=self.env(slots), cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             text=True, preexec_fn=preexec,
         )

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import time
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 from fleet_helpers import WORKERS, Fleet, error_lines, wait_no_leftovers
 from images import image_or_skip
+
+from gpufleet.launch import warm_restart
 
 PROBE = str(WORKERS / "warm_probe.py")
 PLAIN = str(WORKERS / "plain_ddp.py")
@@ -123,3 +128,80 @@ def test_warm_workers_in_an_image_use_the_images_torch(fleet: Fleet) -> None:
     assert all(v[0] == "True" and v[4] == "True" for v in lines.values()), lines
     _plain, plain_loss = _probe(fleet, "bare")  # the same wheel of torch on this host
     assert loss == plain_loss
+
+
+# ------------------------------------------------------- restarts inside the running launcher
+
+RESTART = str(WORKERS / "restart_probe.py")
+RUN_LINE = re.compile(r"probe run (\d) rank (\d) restart_count (\d+) pid (\d+) ppid (\d+)")
+
+
+def _restarted(fleet: Fleet, name: str, *flags: str) -> tuple[dict[str, Any], str]:
+    done = fleet("run", "--gpu", "cpu", "--count", "2", "--name", name, "-y", "--max-restarts",
+                 "3", *flags, RESTART, "--", "--fail-runs", "3", timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return fleet.status(name), fleet.ok("logs", name).stdout
+
+
+def test_a_warm_job_restarts_inside_its_running_launcher_as_a_plain_one_restarts(
+        fleet: Fleet) -> None:
+    """Three failures, three restarts decided by the supervisor: under --warm each is handed
+    to the launcher that waits with its workers ended (every run's ranks are children of one
+    forkserver), with the run's number in the ranks' environment and torch's restart count
+    counting; the job's events and its final loss are those of the same job started plain."""
+    warm, warm_log = _restarted(fleet, "inplace", "--warm")
+    plain, plain_log = _restarted(fleet, "fresh")
+    runs = {(int(r), int(k)): (int(c), int(pp)) for r, k, c, _pid, pp in
+            RUN_LINE.findall(warm_log)}
+    assert set(runs) == {(r, k) for r in (1, 2, 3, 4) for k in (0, 1)}, warm_log[-3000:]
+    assert {pp for _c, pp in runs.values()} == {runs[(1, 0)][1]}  # one forkserver, one launcher
+    assert [runs[(r, 0)][0] for r in (1, 2, 3, 4)] == [0, 1, 2, 3]
+    assert warm_log.count("the workers restart inside the running launcher") == 3
+    plain_parents = {pp for *_x, pp in RUN_LINE.findall(plain_log)}
+    assert len(plain_parents) == 4  # plain: a new torchrun per run (ranks are its children)
+
+    def story(s: dict[str, Any]) -> list[tuple[str, str]]:
+        """The events, each job's cluster name aside; without diagnoses, which come from
+        periodic scans of the logs and metrics (when one runs is the clock's business)."""
+        return [(e["kind"], re.sub(r"run-[0-9a-f]+", "CLUSTER", e["reason"].split("\n")[0]))
+                for e in s["events"] if e["kind"] != "diagnosis"]
+
+    assert story(warm) == story(plain), (story(warm), story(plain))
+    assert [e["reason"].split("\n")[0] for e in warm["events"] if e["kind"] == "worker_failed"] \
+        == [f"rank 1 failed (exit code 1): RuntimeError: planned failure {r} at step 3"
+            for r in (1, 2, 3)]
+    final = re.findall(r"probe final loss (\S+)", warm_log)
+    assert final and final == re.findall(r"probe final loss (\S+)", plain_log)
+    assert warm["status"] == plain["status"] == "succeeded"
+    assert not wait_no_leftovers(fleet.home, RESTART)
+
+
+def test_a_warm_job_that_runs_out_of_restarts_ends_its_waiting_launcher(fleet: Fleet) -> None:
+    done = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "spent", "-y", "--warm",
+                 "--max-restarts", "1", RESTART, "--", "--fail-always", timeout=RUN_TIMEOUT)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    s = fleet.status("spent")
+    assert s["status"] == "failed"
+    assert s["reason"].startswith("rank 1 failed (exit code 1): RuntimeError: planned failure 2 "
+                                  "at step 3; gave up after 1 restart(s)"), s["reason"]
+    assert fleet.ok("logs", "spent").stdout.count("restart inside the running launcher") == 1
+    assert not wait_no_leftovers(fleet.home, RESTART)
+
+
+def test_a_killed_supervisor_leaves_no_waiting_launcher_behind(fleet: Fleet) -> None:
+    """kill -9 of the supervisor while the launcher waits for it (in the 2 s backoff before a
+    third restart): the keeper ends the launcher and its forkserver as it ends a running one."""
+    fleet.ok("run", "--gpu", "cpu", "--count", "2", "--name", "orphan", "-y", "-d", "--warm",
+             "--max-restarts", "5", RESTART, "--", "--fail-always", timeout=RUN_TIMEOUT)
+    agent_log = fleet.home / "jobs" / "orphan" / "logs" / "agent.log"
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while time.monotonic() < deadline and (
+            not agent_log.exists() or agent_log.read_text().count(warm_restart.PARKED) < 3):
+        time.sleep(0.05)
+    text = agent_log.read_text()
+    assert text.count(warm_restart.PARKED) == 3, text[-3000:]
+    with sqlite3.connect(f"file:{fleet.home / 'state.db'}?mode=ro", uri=True) as db:
+        (pid,), = db.execute("select supervisor_pid from jobs where name = 'orphan'").fetchall()
+    psutil.Process(pid).kill()
+    assert "run 4: the workers restart" not in agent_log.read_text()  # it was waiting
+    assert not wait_no_leftovers(fleet.home, timeout=30)

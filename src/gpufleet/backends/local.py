@@ -23,7 +23,7 @@ from gpufleet.backends.base import Prepared, RunRequest
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
 from gpufleet.backends.node_image import in_image
 from gpufleet.errors import SpecError
-from gpufleet.launch import frameworks
+from gpufleet.launch import frameworks, warm_restart
 from gpufleet.launch.container import Container, NodeSide, container_of
 from gpufleet.pool.model import Device, Node
 from gpufleet.slot_words import MAX_SLOTS
@@ -180,6 +180,9 @@ class LocalBackend:
         first = run.placements[0]
         placement = replace(first, devices=first.devices[: run.workers])
         cmd = frameworks.build(run.spec, run.layout, placement, run.ctx, port=free_port())
+        if run.spec.warm and run.spec.framework in frameworks.WARM_FRAMEWORKS:
+            # the supervisor, on this host, hands a restart to the running launcher
+            cmd.env[warm_restart.RESTART_FILE_VAR] = str(run.job_dir / "restart.json")
         return Prepared(cmd.argv, cmd.env, cmd.files,
                         container=container_of(run.spec, run.ctx.job_name), run_id=run.run_id)
 

@@ -43,6 +43,7 @@ RAY_MODULE = "gpufleet.launch.ray_train"
 
 
 MULTI_NODE_FRAMEWORKS = ("torchrun", "deepspeed")
+WARM_FRAMEWORKS = ("torchrun", "deepspeed")  # launched by torchrun: `warm` applies (launch/warm.py)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ A fresh worker spends seconds importing torch (about 2.7 s of CPU each on the 2-
 machine), at every start and every restart. Here torchrun's own launcher runs as usual (its
 arguments, rendezvous, log files, restarts and exit codes unchanged), except that its workers
 are Python functions started through multiprocessing's forkserver, whose server imports
-`torch`, `torch.distributed` and the `--preload` modules once (`set_forkserver_preload`); each
+`BASE_PRELOAD` and the `--preload` modules once (`set_forkserver_preload`); each
 worker is a fork of it and runs `warm_rank.run`, which does per rank what a fresh interpreter
 would (the bootstrap armed, argv, sys.path, `__main__`).
 
@@ -18,6 +18,9 @@ imported here too (while the forkserver imports them) and checked before any wor
 with a warning line and a `warm_off` event that say why. A started OpenMP pool is not
 detected (docs/warm.md).
 
+With `GPUFLEET_RESTART_FILE` set (the local pool sets it), a failed worker group does not end
+the launcher: it waits for the supervisor's decision and restarts in place (warm_restart.py).
+
 The `__main__` guard is what keeps the forkserver from running this launcher again (it
 imports the launcher's main module as `__mp_main__`).
 """
@@ -28,9 +31,12 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
-BASE_PRELOAD = ("torch", "torch.distributed")
+# torch._dynamo: torch imports it when a script makes its first optimizer (1.1-1.5 s here)
+BASE_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
+IN_PLACE_RESTARTS = 1_000_000  # torch's count; every restart is the supervisor's decision
 WARM_FAILED = "gpufleet: warm start off"  # the warning's first words, as the supervisor shows it
 
 
@@ -83,7 +89,9 @@ def main(argv: Sequence[str]) -> None:
 
     from torch.distributed import run as torchrun
 
-    from gpufleet.launch import warm_rank
+    _plain_tracebacks()
+
+    from gpufleet.launch import warm_rank, warm_restart
 
     why = unsafe(preload)
     if why is not None:
@@ -93,14 +101,40 @@ def main(argv: Sequence[str]) -> None:
         send_launcher_note("warm_off", why=why)  # the job's events say so too
         _ended(lambda: torchrun.main(args))
     plain = torchrun.config_from_args
+    in_place = os.environ.get(warm_restart.RESTART_FILE_VAR)
+    if in_place:  # failed workers wait for the supervisor's decision (warm_restart.py)
+        warm_restart.install(Path(in_place))
+        # a store of the agent's shared with the workers outlives a run, and the next run's
+        # ranks read the dead run's gloo addresses from it ("Connection refused": seen here
+        # with torch 2.13, pytorch/pytorch#135712): each run's rank 0 holds its own
+        os.environ[warm_restart.OWN_STORE_VAR] = "1"
 
     def config_from_args(a: Any) -> tuple[Any, Any, list[str]]:
         config, _cmd, _cmd_args = plain(a)
+        if in_place:  # so the agent asks `_restart_workers`, which asks the supervisor
+            config.max_restarts = IN_PLACE_RESTARTS
         return config, warm_rank.run, [a.training_script, "1" if a.module else "0",
                                        *a.training_script_args]
 
     torchrun.config_from_args = config_from_args
     _ended(lambda: torchrun.main(["--start-method", "forkserver", *args]))
+
+
+def _plain_tracebacks() -> None:
+    """A worker's failure is logged with its traceback by torch's function-worker path (not by
+    the subprocess path plain torchrun takes), and torch's log formatter imports all of
+    torch._dynamo (1.2 s here) to read one setting before it formats a traceback, at the
+    moment the launcher should be ending or restarting the group. The traceback is formatted
+    here instead, by the logging module's own formatter, as torch's would have."""
+    import logging
+
+    def formatted(record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        return True
+
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(formatted)
 
 
 def _ended(launcher: Callable[[], None]) -> NoReturn:

@@ -54,6 +54,11 @@ def run(script: str, as_module: str, *args: str) -> None:
     """The rank's script with `args`; `as_module` "1": `script` is a module name (`-m`)."""
     import multiprocessing.util
 
+    from gpufleet.launch.warm_restart import rank_env
+
+    # a restart inside the running launcher: the next run's variables (its number), which the
+    # forkserver, started with the first run, does not have (warm_restart.py)
+    os.environ.update(rank_env(os.environ))
     _name_process()
     _arm_bootstrap()
     multiprocessing.util.Finalize(None, _at_exit, exitpriority=100)

@@ -18,7 +18,7 @@ from gpufleet import durable_copy
 from gpufleet.backends.alloc import Allocating
 from gpufleet.backends.base import RunRequest
 from gpufleet.errors import GpufleetError
-from gpufleet.launch import run_env
+from gpufleet.launch import run_env, warm_restart
 from gpufleet.launch.torchrun import JobContext
 from gpufleet.lifecycle import clusters, engine_heal, jobs
 from gpufleet.store import Job
@@ -28,6 +28,8 @@ from gpufleet.supervise.logs import LogSink, pump
 from gpufleet.supervise.run_state import RunState
 from gpufleet.supervise.state import State
 from gpufleet.supervise.telemetry import TelemetryState
+
+ASKED_END_S = 5.0  # a waiting launcher told to end gets this long before it is killed
 
 
 class Effects:
@@ -110,16 +112,43 @@ class Effects:
                                                           "env": prepared.env}, indent=1))
         for stale in (self.control_path(), Path(f"{self.control_path()}.exited")):
             stale.unlink(missing_ok=True)  # requests to earlier workers (or an earlier supervisor)
+        restart_file = prepared.env.get(warm_restart.RESTART_FILE_VAR)
+        if self.restart_in_place(action.run, prepared.argv, env):
+            run.sink.run_started(time.time())
+            run.then(ev.WorkersStarted())
+            assert run.handle is not None
+            self.telemetry.start(run.handle, placement, env, run.sink,
+                                 sample=run.backend.capabilities.samples_devices)
+            return
+        if restart_file:  # an earlier supervisor's decision is not this launcher's
+            Path(restart_file).unlink(missing_ok=True)
         run.sink.run_started(time.time())  # its error records are the files written after
         handle = run.backend.start(prepared, env, Path(spec.workdir or "."))
         assert handle.stdout is not None
         reader = threading.Thread(target=pump, args=(handle.stdout, run.sink, run.lines,
-                                                     self.stopping), daemon=True)
-        run.workers_started(handle, reader)
+                                                     self.stopping, run.launcher_parked),
+                                  daemon=True)
+        run.workers_started(handle, reader, (prepared.argv, env), restart_file)
         run.then(ev.WorkersStarted())
         reader.start()
         self.telemetry.start(handle, placement, env, run.sink,
                              sample=run.backend.capabilities.samples_devices)
+
+    def restart_in_place(self, number: int, argv: list[str], env: dict[str, str]) -> bool:
+        """Hand run `number` to the launcher that waits with its workers ended, when it can
+        take it: the same command (the same size and shape), still alive. A launcher that
+        cannot is ended here, and the caller starts a fresh one."""
+        run = self.run
+        if run.handle is None:
+            return False
+        if run.parked is None or run.launched is None or run.restart_file is None or \
+                run.launched[0] != argv or run.backend.poll(run.handle) is not None:
+            self.end_workers(10.0)
+            return False
+        warm_restart.write(Path(run.restart_file), number,
+                           warm_restart.env_change(run.launched[1], env))
+        run.restarted_in_place()
+        return True
 
     def end_workers(self, grace_s: float) -> None:
         """Stop sampling and end this run's process tree (a stopped process too: SIGKILL
@@ -127,6 +156,12 @@ class Effects:
         run = self.run
         self.telemetry.stop()
         handle = run.handle
+        if handle is not None and run.parked is not None and run.restart_file is not None:
+            # a launcher waiting with its workers ended ends by itself when told to
+            warm_restart.write_end(Path(run.restart_file), run.parked)
+            deadline = time.monotonic() + ASKED_END_S
+            while run.backend.poll(handle) is None and time.monotonic() < deadline:
+                time.sleep(0.02)
         if handle is not None and run.backend.poll(handle) is None:
             run.backend.kill_tree(handle, grace_s=grace_s)
         run.backend.end_orphans()

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
+from gpufleet.launch.warm_restart import parked_code
 from gpufleet.supervise.blame import ErrorRecord, Summary, Tail, blame, parse, summary
 
 _RAY_TAG = re.compile(r"^(?:\x1b\[[0-9;]*m)?\([A-Za-z_]\w* pid=\d+(?:, ip=[^)]*)?\)(?:\x1b\[[0-9;]*m)? ")
@@ -222,14 +223,20 @@ def failed_rank(agent_lines: list[str],
 
 
 def pump(stdout: IO[bytes], sink: LogSink, echo: Callable[[int | None, str], None] | None,
-         stopping: Callable[[], bool]) -> None:
+         stopping: Callable[[], bool], parked: Callable[[int], None] | None = None) -> None:
     """Copy the workers' combined output into the logs until it ends, echoing each line (with
-    its rank) to `echo` unless the job is being stopped."""
+    its rank) to `echo` unless the job is being stopped. A warm launcher's line saying its
+    workers ended and it waits (launch/warm_restart.py) goes to `parked` with its exit code:
+    every line the workers printed is in the logs by then."""
     for raw in iter(stdout.readline, b""):
         # Keep draining whatever happens below: a full pipe would stall every worker.
         try:
             rank, text = sink.write(raw.decode("utf-8", "replace"))
         except OSError:  # disk full: the line is lost, the job goes on
+            continue
+        code = parked_code(text) if parked is not None and rank is None else None
+        if code is not None and parked is not None:
+            parked(code)
             continue
         # after a stop, torchrun's own shutdown traceback is noise: it stays in the logs only
         if echo is not None and not stopping():

@@ -11,6 +11,7 @@ supervisor: so `supervisor` -> `actions` -> `telemetry` -> `run_state` import on
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections import deque
@@ -48,6 +49,13 @@ class RunState:
     sink: LogSink | None = None
     sock: socket.socket | None = None
     backoff_until: float = 0.0  # time.monotonic() at which a backoff ends
+    # the running launcher's command and environment, and where it takes a restart in place
+    # (launch/warm_restart.py); `parked`: the exit code it said its workers ended with, while
+    # it waits for the supervisor (set by the output reader's thread)
+    launched: tuple[list[str], dict[str, str]] | None = None
+    restart_file: str | None = None
+    parked: int | None = None
+    wake: tuple[int, int] | None = None  # a pipe: the reader wakes the loop through it
     follow_ups: deque[ev.Event] = field(default_factory=deque)  # events actions' I/O produced
 
     @property
@@ -57,13 +65,35 @@ class RunState:
 
     def opened(self, sink: LogSink, sock: socket.socket) -> None:
         """The job's logs and report socket are open."""
-        self.sink, self.sock = sink, sock
+        self.sink, self.sock, self.wake = sink, sock, os.pipe()
 
-    def workers_started(self, handle: Handle, reader: threading.Thread) -> None:
+    def closed(self) -> None:
+        """The report socket and the wake pipe are closed (the logs close with the outcome)."""
+        if self.sock is not None:
+            self.sock.close()
+        if self.wake is not None:
+            for fd in self.wake:
+                os.close(fd)
+            self.wake = None
+
+    def workers_started(self, handle: Handle, reader: threading.Thread,
+                        launched: tuple[list[str], dict[str, str]],
+                        restart_file: str | None) -> None:
         self.handle, self.reader = handle, reader
+        self.launched, self.restart_file, self.parked = launched, restart_file, None
+
+    def launcher_parked(self, code: int) -> None:
+        """The launcher's workers ended with `code`; it waits (the output reader's thread)."""
+        self.parked = code
+        if self.wake is not None:
+            os.write(self.wake[1], b"p")
+
+    def restarted_in_place(self) -> None:
+        self.parked = None
 
     def workers_ended(self) -> None:
         self.handle, self.reader = None, None
+        self.launched, self.restart_file, self.parked = None, None, None
 
     def back_off_until(self, monotonic_s: float) -> None:
         self.backoff_until = monotonic_s

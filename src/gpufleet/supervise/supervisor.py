@@ -13,6 +13,7 @@ state (the job and cluster rows, the running workers, the logs and socket) is on
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import signal
 import socket
@@ -170,10 +171,9 @@ class Supervisor:
             if main:  # a second Ctrl-C must not cut the clean-up short and leave workers behind
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
             self.effects.end_workers(10.0)
-            if run.sock is not None:
-                if self.lost is None:
-                    self._drain(run.sock)
-                run.sock.close()
+            if run.sock is not None and self.lost is None:
+                self._drain(run.sock)
+            run.closed()
             with contextlib.suppress(Exception):
                 if self.lost is None:  # the store is gone: write nothing to it
                     self._note_dropped(final=True)
@@ -216,15 +216,21 @@ class Supervisor:
         """One turn of the loop while the workers run: their exit, reports, the clock."""
         run = self.run_state
         assert run.handle is not None
-        code = run.backend.poll(run.handle)
+        code, parked = run.backend.poll(run.handle), run.parked
         if code is not None:
             self._exited(code, sock)
+            return
+        if parked is not None:  # the launcher waits with its workers ended (warm_restart.py)
+            self._exited(parked, sock, in_place=True)
             return
         if self.stop_reason is not None:
             return
         self.store_watch.check(time.monotonic())
-        ready, _, _ = select.select([sock], [], [], 0.2)
-        if ready:
+        assert run.wake is not None
+        ready, _, _ = select.select([sock.fileno(), run.wake[0]], [], [], 0.2)
+        if run.wake[0] in ready:
+            os.read(run.wake[0], 64)
+        if sock.fileno() in ready:
             self._drain(sock)
         now = time.time()
         if now - self.effects.last_flush >= FLUSH_EVERY_S:
@@ -260,9 +266,14 @@ class Supervisor:
         recent = self.run_state.recent.snapshot(now)
         return mean_utilization(recent.get("gpu_utilization", {}), since)
 
-    def _exited(self, code: int, sock: socket.socket) -> None:
+    def _exited(self, code: int, sock: socket.socket, in_place: bool = False) -> None:
+        """The workers ended with `code`: with their launcher (`in_place` False), or while it
+        waits to restart them (launch/warm_restart.py), which a restart reuses."""
         run = self.run_state
-        self.effects.end_workers(10.0)
+        if in_place:
+            self.telemetry.stop()
+        else:
+            self.effects.end_workers(10.0)
         self._drain(sock)  # the last reports, e.g. the exit for a resize
         seq = self.effects.acknowledged()
         if seq is not None:
