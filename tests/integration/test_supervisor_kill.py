@@ -22,6 +22,8 @@ import psutil
 import pytest
 from fleet_helpers import WORKERS, Fleet, leftovers, wait_no_leftovers
 
+from gpufleet.launch.warm_rank import rank_in_name
+
 NAPPER = str(WORKERS / "napper.py")
 GONE_WITHIN_S = 20.0  # keeper: SIGTERM, 5 s grace, SIGKILL; seen: under 2 s on 2 busy cores
 
@@ -45,11 +47,14 @@ def job_procs(sup: psutil.Process) -> dict[str, list[psutil.Process]]:
     for c in below:
         try:
             cmd = " ".join(c.cmdline())
+            if rank_in_name(c.name(), "RANK") is not None:  # a warm rank, forked (--warm)
+                cmd += " napper.py"
         except psutil.Error:
             continue
-        for role, mark in (("keeper", "keeper.py"), ("torchrun", "torch.distributed.run"),
-                           ("worker", "napper.py")):
-            if mark in cmd:  # the first that matches: a keeper's command holds torchrun's
+        for role, marks in (("keeper", ("keeper.py",)),
+                            ("torchrun", ("torch.distributed.run", "gpufleet.launch.warm")),
+                            ("worker", ("napper.py",))):
+            if any(m in cmd for m in marks):  # the first that matches: a keeper's holds torchrun's
                 roles[role].append(c)
                 break
     return roles
@@ -104,9 +109,12 @@ def drill(fleet: Fleet, job: str, label: str, until: str, delay: float) -> float
     start(fleet, job, restart=until == "run 2", slots=len(KILLS))
     sup = supervisor_of(fleet, job)
     if until == "run 2":
+        agent_log = fleet.home / "jobs" / job / "logs" / "agent.log"
+
         def second_run() -> bool:
-            """the second run's keeper started"""
-            return any(p.environ().get("GPUFLEET_RUN") == "2" for p in job_procs(sup)["keeper"])
+            """the second run's keeper started (warm: the launcher restarts the workers)"""
+            return any(p.environ().get("GPUFLEET_RUN") == "2" for p in job_procs(sup)["keeper"]) \
+                or (agent_log.exists() and "run 2: the workers restart" in agent_log.read_text())
         wait_for(second_run)
     elif until != "supervisor":
         def up() -> bool:

@@ -23,6 +23,8 @@ import pytest
 import torch
 from fleet_helpers import WORKERS, Fleet, wait_no_leftovers
 
+from gpufleet.launch.warm_rank import rank_in_name
+
 SURVIVE = str(WORKERS / "survive.py")
 STEPS = 30
 # A test that kills something once step 12 is seen needs the job still running when the kill
@@ -62,14 +64,17 @@ def read_losses(path: Path) -> list[dict[str, Any]]:
 
 
 def rank_pid(home: Path, rank: int) -> int:
-    """The pid of this home's survive.py worker with RANK=`rank` (waits for it to exist)."""
+    """The pid of this home's survive.py worker with RANK=`rank` (waits for it to exist). A warm
+    rank (forked: the forkserver's command line and environment) is found by its name."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        for p in psutil.process_iter(["cmdline"]):
+        for p in psutil.process_iter(["cmdline", "name"]):
             try:
-                if SURVIVE in " ".join(p.info["cmdline"] or []):
+                warm = rank_in_name(p.info["name"] or "", "RANK")
+                if warm is not None or SURVIVE in " ".join(p.info["cmdline"] or []):
                     env = p.environ()
-                    if env.get("GPUFLEET_HOME") == str(home) and env.get("RANK") == str(rank):
+                    if env.get("GPUFLEET_HOME") == str(home) and \
+                            (warm or env.get("RANK")) == str(rank):
                         return p.pid
             except psutil.Error:
                 continue

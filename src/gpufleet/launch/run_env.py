@@ -26,8 +26,10 @@ from gpufleet.reportauth import KEY_ENV
 
 STATE_VARS = ("GPUFLEET_HOME", "GPUFLEET_DB")  # where the store is: the starter's, always
 CLIENT_VARS = ("GPUFLEET_SERVER", "GPUFLEET_TOKEN")  # a CLI's team server and its token
-# the server's database URL (its password) and a CLI's server and token: not the workers' business
-NOT_FOR_WORKERS = ("GPUFLEET_DB", *CLIENT_VARS)
+# the server's database URL (its password) and a CLI's server and token: not the workers'
+# business; nor a warm launcher's restart file (a job started from inside a rank gets its own,
+# or none: launch/warm_restart.py)
+NOT_FOR_WORKERS = ("GPUFLEET_DB", *CLIENT_VARS, "GPUFLEET_RESTART_FILE")
 CPU_SLOTS_VAR = "GPUFLEET_CPU_SLOTS"
 SUPERVISOR_VAR = "GPUFLEET_SUPERVISOR_PID"
 

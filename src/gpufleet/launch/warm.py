@@ -90,6 +90,7 @@ def main(argv: Sequence[str]) -> None:
     from torch.distributed import run as torchrun
 
     _plain_tracebacks()
+    _exit_zero_is_done()
 
     from gpufleet.launch import warm_rank, warm_restart
 
@@ -135,6 +136,29 @@ def _plain_tracebacks() -> None:
         return True
 
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(formatted)
+
+
+def _exit_zero_is_done() -> None:
+    """A function worker is done for torch once its return value arrived; one that ended with
+    `os._exit(0)` (gpufleet's Checkpointer after saving for a resize, or any script that ends
+    that way) never sends one, and torch's agent then waited for it forever with no worker
+    left. Here a worker that exited 0 with nothing in its queue counts as done, returning None,
+    as a script's exit 0 does under plain torchrun."""
+    from typing import Any
+
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    done = MultiprocessContext._is_done
+
+    def is_done(self: Any) -> bool:
+        if self._pc is not None:
+            for i, proc in enumerate(self._pc.processes):
+                if proc.exitcode == 0 and i not in self._return_values \
+                        and self._ret_vals[i].empty():
+                    self._return_values[i] = None
+        return bool(done(self))
+
+    setattr(MultiprocessContext, "_is_done", is_done)  # noqa: B010 - a patch
 
 
 def _ended(launcher: Callable[[], None]) -> NoReturn:
