@@ -205,3 +205,13 @@ def test_a_killed_supervisor_leaves_no_waiting_launcher_behind(fleet: Fleet) -> 
     psutil.Process(pid).kill()
     assert "run 4: the workers restart" not in agent_log.read_text()  # it was waiting
     assert not wait_no_leftovers(fleet.home, timeout=30)
+
+
+def test_a_warm_rank_that_ends_with_os_exit_zero_ends_the_job(fleet: Fleet) -> None:
+    """torch's agent counts a forked worker done when its return value arrives; one ended by
+    os._exit(0) sends none, and the warm launcher had waited for it forever."""
+    done = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "hard", "-y", "--warm",
+                 str(WORKERS / "exits_hard.py"), timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert fleet.status("hard")["status"] == "succeeded"
+    assert fleet.ok("logs", "hard").stdout.count("exits_hard rank") == 2
