@@ -67,7 +67,13 @@ def test_six_jobs_share_two_slots_in_priority_then_submission_order(fleet: Fleet
     assert [n for n in pri if starting in said[n]] == ["j3"], said
     # a seventh, queued and then cancelled: it never runs
     assert "queued" in submit(fleet, "j7", gate)
+    # a job just queued has its position once the server's next pass has ranked it
+    deadline = time.monotonic() + 60
     listed = rows(fleet)
+    while any(r["status"] == "queued" and r["position"] is None for r in listed.values()) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+        listed = rows(fleet)
     waiting = sorted((r for r in listed.values() if r["status"] == "queued"),
                      key=lambda r: r["position"])
     assert [r["name"] for r in waiting] == ["j4", "j6", "j3", "j5", "j7"]
