@@ -45,9 +45,12 @@ def _probe(fleet: Fleet, name: str, *flags: str) -> tuple[dict[int, tuple[str, .
 
 
 def _ranks_sampled(home: Path, job: str) -> set[int]:
-    with sqlite3.connect(home / "state.db") as db:
+    db = sqlite3.connect(f"file:{home / 'state.db'}?mode=ro", uri=True)
+    try:
         return {r for (r,) in db.execute("select distinct rank from metrics where job = ? and "
                                           "name = 'gpu_utilization'", (job,))}
+    finally:
+        db.close()
 
 
 def test_warm_workers_run_the_script_as_a_fresh_start_would_with_torch_loaded(
@@ -66,11 +69,22 @@ def test_warm_workers_run_the_script_as_a_fresh_start_would_with_torch_loaded(
     assert not wait_no_leftovers(fleet.home, PROBE)
 
 
-def test_each_warm_rank_is_sampled_without_any_report_from_it(fleet: Fleet) -> None:
+def test_each_warm_rank_is_sampled_without_any_report_from_it(fleet: Fleet,
+                                                              tmp_path: Path) -> None:
     """With the bootstrap off no rank reports its pid: telemetry finds forked ranks by the
-    name each gives its process (their /proc environ is the forkserver's, without RANK)."""
-    _probe(fleet, "quiet", "--warm", "--no-bootstrap")
-    assert _ranks_sampled(fleet.home, "quiet") == {0, 1}
+    name each gives its process (their /proc environ is the forkserver's, without RANK). The
+    ranks hold after their steps until both were sampled (a short job can end between two
+    samples, a second apart)."""
+    release = tmp_path / "release"
+    fleet.ok("run", "--gpu", "cpu", "--count", "2", "--name", "quiet", "-y", "-d", "--warm",
+             "--no-bootstrap", PROBE, "--", "6", str(release), timeout=RUN_TIMEOUT)
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while time.monotonic() < deadline and _ranks_sampled(fleet.home, "quiet") != {0, 1}:
+        time.sleep(0.2)
+    sampled = _ranks_sampled(fleet.home, "quiet")
+    release.touch()
+    assert sampled == {0, 1}
+    assert fleet.wait_ended("quiet", timeout=RUN_TIMEOUT)["status"] == "succeeded"
 
 
 def test_the_failing_ranks_exception_is_the_reason_under_a_warm_start(fleet: Fleet) -> None:
@@ -128,6 +142,21 @@ def test_warm_workers_in_an_image_use_the_images_torch(fleet: Fleet) -> None:
     assert all(v[0] == "True" and v[4] == "True" for v in lines.values()), lines
     _plain, plain_loss = _probe(fleet, "bare")  # the same wheel of torch on this host
     assert loss == plain_loss
+
+
+def test_a_rank_whose_gloo_group_is_freed_while_a_collective_waits_for_the_gil_ends(
+        fleet: Fleet, tmp_path: Path) -> None:
+    """A warm rank frees nothing the script left (the DDP model, its gloo group) before it
+    ends, so the gloo thread that waits for the GIL to free the last collective never meets
+    the group's destructor waiting for it (a hang on a loaded machine, forced here), and the
+    files the script left open are written out as at a fresh interpreter's end."""
+    left = tmp_path / "left-open"
+    done = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "gil", "-y", "--warm",
+                 str(WORKERS / "gil_held_at_exit.py"), "--", str(left), timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert fleet.status("gil")["status"] == "succeeded"
+    for rank in (0, 1):
+        assert Path(f"{left}.{rank}").read_text() == "still buffered at the end\n"
 
 
 # ------------------------------------------------------- restarts inside the running launcher

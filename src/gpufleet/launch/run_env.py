@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gpufleet.launch.torchrun import merge_env
+from gpufleet.launch.warm_restart import RESTART_FILE_VAR
 from gpufleet.reportauth import KEY_ENV
 
 STATE_VARS = ("GPUFLEET_HOME", "GPUFLEET_DB")  # where the store is: the starter's, always
@@ -29,7 +30,7 @@ CLIENT_VARS = ("GPUFLEET_SERVER", "GPUFLEET_TOKEN")  # a CLI's team server and i
 # the server's database URL (its password) and a CLI's server and token: not the workers'
 # business; nor a warm launcher's restart file (a job started from inside a rank gets its own,
 # or none: launch/warm_restart.py)
-NOT_FOR_WORKERS = ("GPUFLEET_DB", *CLIENT_VARS, "GPUFLEET_RESTART_FILE")
+NOT_FOR_WORKERS = ("GPUFLEET_DB", *CLIENT_VARS, RESTART_FILE_VAR)
 CPU_SLOTS_VAR = "GPUFLEET_CPU_SLOTS"
 SUPERVISOR_VAR = "GPUFLEET_SUPERVISOR_PID"
 

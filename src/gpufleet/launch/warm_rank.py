@@ -20,6 +20,7 @@ import re
 import runpy
 import sys
 from collections.abc import Callable, Mapping
+from types import ModuleType
 
 NAME_RE = re.compile(r"gfr(\d+)l(\d+)")
 
@@ -88,15 +89,31 @@ def _arm_bootstrap() -> None:
         print(f"gpufleet bootstrap: not armed ({exc!r})", file=sys.stderr)
 
 
+_KEPT: list[object] = []  # what each script left behind, freed only with the process (below)
+
+
 def _guarded(body: Callable[[], object]) -> None:
     """Run the script; an uncaught exception goes through `sys.excepthook` as at a fresh
     interpreter's end (the bootstrap's hook writes the rank's error record) and ends the rank
-    with exit 1."""
+    with exit 1.
+
+    What the script leaves (its globals, through runpy's copy or the frames of its exception)
+    is kept until the process ends instead of being freed here, on the main thread, holding
+    the GIL: freeing a DDP model frees its gloo process group, whose destructor waits for its
+    worker thread, which may still need the GIL to free the last backward's allreduce (torch
+    keeps a Python object in that work's state), and both wait forever. Seen here as a rank
+    that printed its last line and never ended, on a loaded machine (pytorch/pytorch#56297).
+    A fresh interpreter frees them only while it finalizes, where a thread asking for the GIL
+    is made to exit instead; a forked rank ends through `os._exit` and frees nothing, which
+    Python allows (`__del__` is not promised for objects alive at exit). The files they hold
+    are flushed at the end (`_at_exit`)."""
     try:
-        body()
-    except SystemExit:
+        _KEPT.append(body())
+    except SystemExit as exc:
+        _KEPT.append(exc)
         raise
     except BaseException as exc:  # what an interpreter's top level sees
+        _KEPT.append(exc)
         sys.excepthook(type(exc), exc, exc.__traceback__)
         raise SystemExit(1) from None
 
@@ -112,3 +129,36 @@ def _at_exit() -> None:
 
     atexit.unregister(getattr(multiprocessing.util, "_exit_function"))  # noqa: B009 - private
     atexit._run_exitfuncs()
+    _flush_files()
+
+
+FLUSH_WALK_MAX = 200_000  # objects walked to find the script's files (a few ms per 10,000)
+
+
+def _flush_files() -> None:
+    """Write what the script's open files still buffer, as their deallocation does at a fresh
+    interpreter's end (this rank's objects are never freed: `_guarded`). Found by walking what
+    the script left, nearest first and at most `FLUSH_WALK_MAX` objects (a script holding
+    millions of Python objects is not walked to its end), not every object of the process:
+    files the forkserver held before the fork (their buffers copied into every rank) must not
+    be written once per rank, and modules and classes are not the script's."""
+    import gc
+    import io
+    from collections import deque
+
+    modules = {id(vars(m)) for m in list(sys.modules.values()) if m is not None}
+    seen: set[int] = set()
+    todo = deque(_KEPT)
+    while todo and len(seen) < FLUSH_WALK_MAX:
+        obj = todo.popleft()
+        if id(obj) in seen or id(obj) in modules or isinstance(obj, (ModuleType, type)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except (OSError, ValueError):  # a closed, detached or broken file: nothing to do
+                pass
+        if len(todo) < FLUSH_WALK_MAX:
+            todo.extend(r for r in gc.get_referents(obj) if gc.is_tracked(r))

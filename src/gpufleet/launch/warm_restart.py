@@ -39,12 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.reportauth import KEY_ENV
+
 RESTART_FILE_VAR = "GPUFLEET_RESTART_FILE"
 RUN_VAR = "GPUFLEET_RUN"
 OWN_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # "1": no agent store kept across runs
 PARKED = "gpufleet: the workers ended; the launcher waits for the supervisor"
 _PARKED_RE = re.compile(re.escape(PARKED) + r" \(exit code (-?\d+), run (\d+)\)")
-NEVER_IN_FILE = ("GPUFLEET_REPORT_KEY",)  # reportauth.KEY_ENV: through environments only
+NEVER_IN_FILE = (KEY_ENV,)  # the report key reaches ranks through environments only
 POLL_S = 0.01
 
 

@@ -2,10 +2,13 @@
 was already loaded in its process (a warm start forks from a process that has it), its
 parent's command, `__name__`, argv and sys.path[0]. Then a few DDP steps with a DataLoader whose
 worker is *spawned* (a fresh interpreter that must import this script's Dataset class by the
-script's path), and the final loss, which a warm and a plain start must print alike."""
+script's path), and the final loss, which a warm and a plain start must print alike.
+Usage: warm_probe.py [STEPS [HOLD]]: with HOLD, every rank waits after its steps until the file
+HOLD exists (a test releases it once it saw what it waits for, never after a guessed time)."""
 
 import os
 import sys
+import time
 
 WARM = "torch" in sys.modules  # before this script imports anything heavy
 
@@ -56,6 +59,8 @@ def main() -> None:
             done += 1
             if done >= steps:
                 break
+    while len(sys.argv) > 2 and not os.path.exists(sys.argv[2]):
+        time.sleep(0.05)
     if rank == 0:
         print(f"probe final loss {loss.item():.6f}", flush=True)
     dist.destroy_process_group()
