@@ -81,6 +81,28 @@ def wait_no_leftovers(home: Path, marker: str | None = None, timeout: float = 10
 WARM_ALL = "GPUFLEET_TEST_WARM"  # "1": every `run` of the tests starts its workers warm
 
 
+def rank_pid(home: Path, rank: int, script: str, timeout: float = 30.0) -> int:
+    """The pid of this home's `script` worker with RANK=`rank`, waiting up to `timeout` for it.
+    A warm rank (forked: the forkserver's command line and environment) is found by the name
+    it gives its process (launch/warm_rank.py)."""
+    from gpufleet.launch.warm_rank import rank_in_name
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline", "name"]):
+            try:
+                warm = rank_in_name(p.info["name"] or "", "RANK")
+                if warm is not None or script in " ".join(p.info["cmdline"] or []):
+                    env = p.environ()
+                    if env.get("GPUFLEET_HOME") == str(home) and \
+                            (warm or env.get("RANK")) == str(rank):
+                        return p.pid
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"no rank {rank} process of {script} under {home}")
+
+
 def warm_if_asked(args: tuple[str, ...]) -> tuple[str, ...]:
     """`run ARGS` as `run --warm ARGS` when $GPUFLEET_TEST_WARM=1 and the test chose neither
     (docs/testing.md: the suite's restart tests run warm that way)."""

@@ -11,28 +11,12 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
-from fleet_helpers import WORKERS, Fleet
+from fleet_helpers import WORKERS, Fleet, rank_pid
 
 PLAIN = str(WORKERS / "plain_ddp.py")
 # 0.1 s a step: 150 steps leave ~14 s after step 8 for `status` to read the live figures (40
 # steps once ended first under load, and the ETA read was 0)
 STEPS = 150
-
-
-def _rank_pid(fleet: Fleet, job: str, rank: int) -> int:
-    """The worker process of `job` with RANK=rank (under this test's home)."""
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if PLAIN not in " ".join(p.info["cmdline"] or []):
-                continue
-            env = p.environ()
-        except psutil.Error:
-            continue
-        if env.get("GPUFLEET_JOB") == job and env.get("RANK") == str(rank) and \
-                env.get("GPUFLEET_JOB_DIR", "").startswith(str(fleet.home)):
-            return p.pid
-    raise AssertionError(f"no rank {rank} process of {job}")
 
 
 def test_a_plain_script_shows_steps_loss_eta_and_that_its_layout_is_its_own(fleet: Fleet) -> None:
@@ -66,7 +50,7 @@ def test_a_stopped_rank_of_a_plain_script_is_found_within_the_hang_timeout(fleet
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "frozen", "--hang-timeout",
              "10s", "-y", PLAIN, "--", "--max_steps", "5000", "--sleep", "0.1", timeout=60)
     fleet.wait_for_step("frozen", 5)
-    pid = _rank_pid(fleet, "frozen", 1)
+    pid = rank_pid(fleet.home, 1, PLAIN)
     os.kill(pid, signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
@@ -96,8 +80,9 @@ def test_the_users_sitecustomize_still_runs_and_the_switch_turns_the_bootstrap_o
         f"with open(os.path.join({str(marks)!r}, str(os.getpid())), 'w') as f:\n"
         "    json.dump([os.environ.get('RANK'), os.environ.get('PYTHONPATH')], f)\n")
     env = {"PYTHONPATH": f"{own}:{tmp_path / 'second-entry'}"}
-    r = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "chained", "-y", PLAIN, "--",
-              "--max_steps", "6", timeout=120, env=env)
+    # plain starts: a warm rank is forked after Python's start-up (docs/warm.md)
+    r = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "chained", "-y", "--no-warm", PLAIN,
+              "--", "--max_steps", "6", timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     s = fleet.status("chained")
     assert s["step"] == 6 and s["layout_seen"] == "own:ddp"

@@ -21,9 +21,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from fleet_helpers import WORKERS, Fleet, wait_no_leftovers
-
-from gpufleet.launch.warm_rank import rank_in_name
+from fleet_helpers import WORKERS, Fleet, rank_pid, wait_no_leftovers
 
 SURVIVE = str(WORKERS / "survive.py")
 STEPS = 30
@@ -63,25 +61,6 @@ def read_losses(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def rank_pid(home: Path, rank: int) -> int:
-    """The pid of this home's survive.py worker with RANK=`rank` (waits for it to exist). A warm
-    rank (forked: the forkserver's command line and environment) is found by its name."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for p in psutil.process_iter(["cmdline", "name"]):
-            try:
-                warm = rank_in_name(p.info["name"] or "", "RANK")
-                if warm is not None or SURVIVE in " ".join(p.info["cmdline"] or []):
-                    env = p.environ()
-                    if env.get("GPUFLEET_HOME") == str(home) and \
-                            (warm or env.get("RANK")) == str(rank):
-                        return p.pid
-            except psutil.Error:
-                continue
-        time.sleep(0.2)
-    pytest.fail(f"no rank {rank} worker found under {home}")
-
-
 def wait_done(fleet: Fleet, job: str, timeout: float = 120) -> dict[str, Any]:
     return fleet.wait_ended(job, timeout)
 
@@ -108,7 +87,7 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_weights(
              "--wait-at", "12", "--gate", str(tmp_path / "go"),
              "--losses", str(losses), "--out", str(out))
     fleet.wait_for_step("k9", 12)
-    os.kill(rank_pid(fleet.home, 1), signal.SIGKILL)  # kill -9 mid-training
+    os.kill(rank_pid(fleet.home, 1, SURVIVE), signal.SIGKILL)  # kill -9 mid-training
     (tmp_path / "go").touch()
     s = wait_done(fleet, "k9")
     assert s["status"] == "succeeded", s
@@ -132,7 +111,7 @@ def test_stopped_rank_is_found_by_hang_timeout_and_the_job_recovers(fleet: Fleet
              "--steps", str(HANG_STEPS), "--every", "5", "--step-sleep", str(KILL_STEP_SLEEP_S),
              "--slow-until", str(HANG_SLOW_STEPS), "--losses", str(fleet.cwd / "losses.jsonl"))
     fleet.wait_for_step("hung", 8)
-    pid = rank_pid(fleet.home, 1)
+    pid = rank_pid(fleet.home, 1, SURVIVE)
     stopped_at = time.time()
     os.kill(pid, signal.SIGSTOP)
     s = wait_done(fleet, "hung", timeout=300)

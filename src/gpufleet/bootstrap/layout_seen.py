@@ -42,8 +42,12 @@ def _on_fsdp1(module: ModuleType) -> None:
 
 def _wrap_call(module: ModuleType, name: str, label: str) -> None:
     """Note that the script called `module.name`; the function is otherwise untouched (its
-    attributes, such as `fully_shard.state`, are copied onto the wrapper)."""
+    attributes, such as `fully_shard.state`, are copied onto the wrapper). Modules that
+    re-export it already (imported before the bootstrap was armed: a warm rank's forkserver
+    imported them) get the wrapper too, or `from torch.distributed.fsdp import fully_shard`
+    would call around it."""
     import functools
+    import sys
 
     inner = getattr(module, name, None)
     if inner is None:
@@ -54,7 +58,11 @@ def _wrap_call(module: ModuleType, name: str, label: str) -> None:
         _BUILT.add(label)
         return inner(*args, **kwargs)
 
-    setattr(module, name, wrapper)
+    for loaded in list(sys.modules.values()):
+        # its __dict__, not getattr: a module's own __getattr__ may import things
+        names = getattr(loaded, "__dict__", None)
+        if isinstance(names, dict) and names.get(name) is inner:
+            setattr(loaded, name, wrapper)
 
 
 def _on_fully_shard(module: ModuleType) -> None:
