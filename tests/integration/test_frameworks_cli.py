@@ -279,8 +279,9 @@ def test_dry_run_prints_everything_and_starts_nothing(fleet: Fleet, framework: s
                                                       launcher: list[str], files: list[str]) -> None:
     name = f"dry-{framework}"
     args = [*SMALL, "--seed", "two words"]
+    # each framework's own launcher (a warm start's: tests/unit/test_warm_launch.py)
     r = fleet("run", GPT, "--gpu", "cpu", "--count", "2", "--name", name, "--framework", framework,
-              "--strategy", strategy, "--dry-run", "--", *args)
+              "--strategy", strategy, "--dry-run", "--no-warm", "--", *args)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     assert "Traceback" not in r.stdout + r.stderr
     header, argv, written = dry_run_parts(r.stdout)
