@@ -129,7 +129,10 @@ def _at_exit() -> None:
 
     atexit.unregister(getattr(multiprocessing.util, "_exit_function"))  # noqa: B009 - private
     atexit._run_exitfuncs()
-    _flush_files()
+    try:
+        _flush_files()
+    except Exception as exc:  # an odd object met on the walk must not change how the rank ends
+        print(f"gpufleet: open files not flushed: {exc!r}", file=sys.stderr)
 
 
 FLUSH_WALK_MAX = 200_000  # objects walked to find the script's files (a few ms per 10,000)
@@ -146,7 +149,7 @@ def _flush_files() -> None:
     import io
     from collections import deque
 
-    modules = {id(vars(m)) for m in list(sys.modules.values()) if m is not None}
+    modules = {id(getattr(m, "__dict__", None)) for m in list(sys.modules.values())}
     seen: set[int] = set()
     todo = deque(_KEPT)
     while todo and len(seen) < FLUSH_WALK_MAX:
