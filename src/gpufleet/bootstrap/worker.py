@@ -35,11 +35,20 @@ def _on_optimizer(module: ModuleType) -> None:
         except Exception as exc:  # counting must never break a step
             print(f"gpufleet bootstrap: step hook failed: {exc!r}", file=sys.stderr)
 
-    import torch
+    handle = module.register_optimizer_step_post_hook(hook)
 
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    # a compiled optimizer step (torch.compile) must not trace into our bookkeeping
-    module.register_optimizer_step_post_hook(disable(hook) if disable is not None else hook)
+    def compiling(dynamo: ModuleType) -> None:
+        """A compiled optimizer step (torch.compile) must not trace into our bookkeeping: once
+        torch.compile's machinery is imported (it is before anything is compiled), the hook is
+        registered again through its `disable`. Not before: importing it takes 1.5 s here, at
+        every worker start, in scripts that never compile."""
+        nonlocal handle
+        disable = getattr(dynamo, "disable", None)
+        if disable is not None:
+            handle.remove()
+            handle = module.register_optimizer_step_post_hook(disable(hook))
+
+    importwatch.when_imported("torch._dynamo", compiling)
     atexit.register(flush)
     send_event("bootstrap")  # this rank will report its steps: judge its health
 
