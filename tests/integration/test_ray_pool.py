@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from fleet_helpers import CLI, EXAMPLES, Fleet, error_lines
+from fleet_helpers import CLI, EXAMPLES, WORKERS, Fleet, error_lines
 from sqlalchemy import text as sql_text
 
 from gpufleet.backends import ray_local
@@ -302,9 +302,11 @@ def test_two_node_ddp_gpt_through_ray_fails_fast_on_a_lost_node_and_continues(
     """One torchrun per node through Ray, c10d on the head, telemetry from each node's agent;
     then a worker node is killed mid-training: the job notices within seconds, its cluster
     takes a free node in place of the lost one and the restart resumes from the checkpoint."""
-    rfleet.ok("run", str(EXAMPLES / "gpt.py"), "--gpu", "H100", "--count", "4", "--nodes", "2",
-              "--network", "infiniband", "--name", "gpt2n", "--max-restarts", "1", "-d", "-y",
-              "--", "--steps", "30", "--checkpoint-every", "5")
+    # the example, held at step 12 in its first run until the kill ends it (held_gpt.py): a
+    # first run that could reach its end before the kill lands would judge a race
+    rfleet.ok("run", str(WORKERS / "held_gpt.py"), "--gpu", "H100", "--count", "4", "--nodes",
+              "2", "--network", "infiniband", "--name", "gpt2n", "--max-restarts", "1", "-d",
+              "-y", "--", "--hold-at", "12", "--steps", "30", "--checkpoint-every", "5")
     deadline = time.monotonic() + 240
     while not any(e["kind"] == "checkpoint" for e in _events(rfleet, "gpt2n")):
         assert time.monotonic() < deadline, _events(rfleet, "gpt2n")
@@ -331,7 +333,9 @@ def test_two_node_ddp_gpt_through_ray_fails_fast_on_a_lost_node_and_continues(
         assert found, replaced["reason"]
         replacement = re.search(r"replaced by node (\S+) \(", replaced["reason"])
         assert replacement, replaced["reason"]
-        assert "resumed" in kinds and st["status"] == "succeeded", (st, kinds)
+        assert "resumed" in kinds and st["status"] == "succeeded", (
+            st, [(e["kind"], e.get("reason")) for e in events],
+            (rfleet.home / "jobs" / "gpt2n" / "job.log").read_text()[-3000:])
         assert st["step"] == 30 and st["world_size"] == 4
         assert st["loss"] < st["first_loss"] - 0.5, st  # it learned
 

@@ -236,10 +236,13 @@ def test_two_node_gpt_recovers_from_a_killed_slurmd_with_a_new_allocation(
     """A 2-node x 1-GPU DDP run of the example GPT (all-reduce checked, loss falling); its
     second node's slurmd and steps are killed mid-job: every node's run ends, the job is
     restarted from its last checkpoint on a new allocation without the dead node."""
+    # the example, held at step 13 in its first run until the kill ends it (held_gpt.py); the
+    # kill after the first checkpoint is recorded, so the restart has one to resume from
     sfleet.ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--max-restarts", "1",
-              "-y", "-d", "--name", "g", str(EXAMPLES / "gpt.py"), "--", "--steps", "30",
-              "--checkpoint-every", "6", timeout=120)
-    sfleet.wait_for_step("g", 8, timeout=240)
+              "-y", "-d", "--name", "g", str(WORKERS / "held_gpt.py"), "--", "--hold-at", "13",
+              "--steps", "30", "--checkpoint-every", "6", timeout=120)
+    sfleet.wait_for("g", lambda s: any(e["kind"] == "checkpoint" for e in s.get("events", [])),
+                    timeout=240)
     cluster = next(c for c in sfleet.clusters() if c["job"] == "g")
     first, second = (d.split("/")[0] for d in cluster["devices"])
     killed = subprocess.run([str(SCRIPT), "kill-node", str(slurm), second], capture_output=True,
