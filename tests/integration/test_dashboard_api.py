@@ -43,8 +43,10 @@ def _metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 def test_api_and_metrics_follow_a_running_job(fleet: Fleet, dashboard: str) -> None:
+    """The job outlasts any test (50 minutes at least, stopped at the end): what is asked of a
+    running job must not race the job's own end on a loaded machine."""
     fleet.ok("run", str(WORKERS / "telemetry_job.py"), "--gpu", "cpu", "--count", "2",
-             "--name", "api", "--detach", "-y", "--", "--steps", "3000", "--step-sleep", "0.01")
+             "--name", "api", "--detach", "-y", "--", "--steps", "300000", "--step-sleep", "0.01")
     fleet.wait_for_step("api", 20)
     time.sleep(2.5)  # a few device samples
     with httpx.Client(base_url=dashboard, timeout=10) as http:

@@ -63,9 +63,12 @@ def test_dashboard_follows_a_live_job(fleet: Fleet, tmp_path: Path) -> None:
     chromium = _chromium()
     from playwright.sync_api import expect, sync_playwright
 
-    # ~16 steps/s at most with a 50 ms batch: 800 steps outlast the test; we stop it at the end
+    # ~16 steps/s at most with a 50 ms batch: 20,000 steps (17 minutes at least) outlast any
+    # test however loaded the machine (800 left a browser slowed down by load racing the
+    # job's end); we stop it at the end
     r = fleet("run", str(WORKERS / "telemetry_job.py"), "--gpu", "cpu", "--count", "2",
-              "--name", "web", "--detach", "-y", "--", "--steps", "800", "--data-delay", "0.05")
+              "--name", "web", "--detach", "-y", "--", "--steps", "20000", "--data-delay",
+              "0.05")
     assert r.returncode == 0, r.stdout + r.stderr
     dash = fleet.popen("dashboard", "web", "--port", "0")
     try:
@@ -91,7 +94,7 @@ def test_dashboard_follows_a_live_job(fleet: Fleet, tmp_path: Path) -> None:
                 assert _dollars(page.inner_text("#cost")) > cost_before
                 assert _dollars(page.inner_text("#projected-cost")) > 0
                 expect(page.locator("#eta")).to_have_text(re.compile(r"^\d+[smhd]"))
-                expect(page.locator("#step")).to_contain_text("/ 800")
+                expect(page.locator("#step")).to_contain_text("/ 20,000")
 
                 finding = page.locator('[data-rule="data_loading"]')
                 finding.wait_for(timeout=40_000)

@@ -28,9 +28,10 @@ STEPS = 30
 # A test that kills something once step 12 is seen needs the job still running when the kill
 # lands: the kill tests park the workers after step 12 until a gate file appears (--wait-at,
 # --gate), made once the kill is done, so no load can end the job first. The hang test cannot
-# park (a parked rank is silent: the hang would be found before the SIGSTOP, as it was at a
-# load average of 30); it runs 60 steps, the first 50 of 0.3 s, which leaves 12 s after step 8
-# to find rank 1 (more under load, which slows the steps too; 30 steps once ended first).
+# park silently (a parked rank is silent: the hang would be found before the SIGSTOP, as it
+# was at a load average of 30): its first run beats at step 10 (an all-reduce and a report
+# every 0.3 s, --hold-at) until the hang ends it; it once ran a fixed 60 steps, which left
+# 12 s after step 8 to find rank 1 (30 steps once ended first).
 KILL_STEP_SLEEP_S = 0.3
 # The hang test's timeout: far above a step's time under load (with 3 s the job ended failed,
 # not recovered, at a load average of 30, where seconds between two reports are ordinary)
@@ -109,7 +110,10 @@ def test_stopped_rank_is_found_by_hang_timeout_and_the_job_recovers(fleet: Fleet
     fleet.ok("run", "-d", "--gpu", "cpu", "--count", "2", "--name", "hung", "-y",
              "--max-restarts", "1", "--hang-timeout", f"{HANG_S}s", SURVIVE, "--",
              "--steps", str(HANG_STEPS), "--every", "5", "--step-sleep", str(KILL_STEP_SLEEP_S),
-             "--slow-until", str(HANG_SLOW_STEPS), "--losses", str(fleet.cwd / "losses.jsonl"))
+             "--slow-until", str(HANG_SLOW_STEPS), "--hold-at", "10",
+             "--losses", str(fleet.cwd / "losses.jsonl"))
+    # the first run beats at step 10 until the hang ends it (survive.py --hold-at): its own
+    # end can never come before the SIGSTOP
     fleet.wait_for_step("hung", 8)
     pid = rank_pid(fleet.home, 1, SURVIVE)
     stopped_at = time.time()

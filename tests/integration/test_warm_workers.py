@@ -29,7 +29,7 @@ PROBE = str(WORKERS / "warm_probe.py")
 PLAIN = str(WORKERS / "plain_ddp.py")
 FAILS_ONCE = str(WORKERS / "fails_once.py")
 LINE = re.compile(r"probe rank (\d) warm=(\w+) name=(\S+) argv=(\[.*?\]) path0=(\S+) "
-                  r"forkserver_parent=(\w+)")
+                  r"forkserver_parent=(\w+) frozen=(\d+)")
 RUN_TIMEOUT = 300  # a wait on a loaded machine, never a verdict
 
 
@@ -60,6 +60,8 @@ def test_warm_workers_run_the_script_as_a_fresh_start_would_with_torch_loaded(
     for rank in (0, 1):
         assert warm[rank][0] == "True" and plain[rank][0] == "False"  # torch there already
         assert warm[rank][4] == "True" and plain[rank][4] == "False"  # forked from the server
+        # what torch's import made, moved out of the rank's collections (launch/warm_freeze.py)
+        assert int(warm[rank][5]) > 50_000 and plain[rank][5] == "0", (warm, plain)
         # __name__, argv and sys.path[0] as a fresh `python warm_probe.py 6` has them
         assert warm[rank][1:4] == plain[rank][1:4] == (
             "__main__", f"['{PROBE}', '6']", str(WORKERS))

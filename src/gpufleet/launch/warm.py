@@ -36,6 +36,7 @@ from typing import NoReturn
 
 # torch._dynamo: torch imports it when a script makes its first optimizer (1.1-1.5 s here)
 BASE_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
+FREEZE = "gpufleet.launch.warm_freeze"  # last: what the preloads made, out of the rank's gc
 IN_PLACE_RESTARTS = 1_000_000  # torch's count; every restart is the supervisor's decision
 WARM_FAILED = "gpufleet: warm start off"  # the warning's first words, as the supervisor shows it
 
@@ -84,7 +85,7 @@ def main(argv: Sequence[str]) -> None:
     # the forkserver starts now and imports torch while this process imports it too: on a
     # node with a core to spare the two imports overlap (what a cold start pays twice in a row,
     # the launcher's import then its workers')
-    multiprocessing.set_forkserver_preload([*BASE_PRELOAD, *preload])
+    multiprocessing.set_forkserver_preload([*BASE_PRELOAD, *preload, FREEZE])
     multiprocessing.forkserver.ensure_running()
 
     from torch.distributed import run as torchrun

@@ -8,6 +8,10 @@ worker (a shrink that ruins the throughput, for the goodput verdict). --die-at S
 --die-rank with SIGKILL there, once (a marker file next to --losses remembers it). --wait-at
 STEP --gate FILE parks every rank after that step until FILE exists, so a test can kill
 something mid-job however slow the machine is, instead of racing the remaining steps.
+--hold-at STEP keeps the job's first run (GPUFLEET_RUN=1) at that step, after its checkpoint,
+until it is ended from outside: every 0.3 s an all-reduce and a report of the same step, so a
+rank stopped there silences every rank (its peer blocks in the all-reduce), as a hang does
+mid-training; later runs go on to the end.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--wait-at", type=int, default=0)
     p.add_argument("--gate", type=Path, default=None)
+    p.add_argument("--hold-at", type=int, default=0)
     p.add_argument("--writers", type=int, default=None)
     args = p.parse_args()
 
@@ -104,11 +109,24 @@ def main() -> None:
         ckpt.step(step)
         while step == args.wait_at and args.gate is not None and not args.gate.exists():
             time.sleep(0.05)
+        if step == args.hold_at and os.environ.get("GPUFLEET_RUN", "1") == "1":
+            _hold(step, ctx.world_size)
     ckpt.close()
     weights = train.full_state_dict(model)
     if ctx.rank == 0 and args.out is not None:
         torch.save(weights, args.out)
     train.cleanup()
+
+
+def _hold(step: int, world_size: int) -> None:
+    """Beat at `step` until ended from outside (600 s at most: a crashed test's job)."""
+    beat = torch.zeros(())
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if world_size > 1:
+            dist.all_reduce(beat)
+        train.report(step)
 
 
 if __name__ == "__main__":

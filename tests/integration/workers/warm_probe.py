@@ -1,16 +1,19 @@
 """An ordinary DDP script that says how it was started, before it imports torch: whether torch
 was already loaded in its process (a warm start forks from a process that has it), its
-parent's command, `__name__`, argv and sys.path[0]. Then a few DDP steps with a DataLoader whose
+parent's command, `__name__`, argv, sys.path[0] and how many objects its garbage collector
+never walks (gc.freeze). Then a few DDP steps with a DataLoader whose
 worker is *spawned* (a fresh interpreter that must import this script's Dataset class by the
 script's path), and the final loss, which a warm and a plain start must print alike.
 Usage: warm_probe.py [STEPS [HOLD]]: with HOLD, every rank waits after its steps until the file
 HOLD exists (a test releases it once it saw what it waits for, never after a guessed time)."""
 
+import gc
 import os
 import sys
 import time
 
 WARM = "torch" in sys.modules  # before this script imports anything heavy
+FROZEN = gc.get_freeze_count()  # what the collector never walks in this process
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -41,7 +44,8 @@ def main() -> None:
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:  # no psutil in a bare image
         parent = f.read().replace(b"\0", b" ").decode()
     print(f"probe rank {rank} warm={WARM} name={__name__} argv={sys.argv} "
-          f"path0={sys.path[0]} forkserver_parent={'multiprocessing.forkserver' in parent}",
+          f"path0={sys.path[0]} forkserver_parent={'multiprocessing.forkserver' in parent} "
+          f"frozen={FROZEN}",
           flush=True)
     torch.manual_seed(0)
     data = Squares()
