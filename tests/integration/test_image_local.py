@@ -79,6 +79,20 @@ def test_a_killed_supervisor_leaves_no_container(fleet: Fleet) -> None:
     assert fleet.status("nap")["status"] == "interrupted"
     assert fleet.clusters() == []
 
+def test_a_stopped_job_slow_to_end_leaves_no_container(fleet: Fleet) -> None:
+    """Its workers outlast the stop's grace (a checkpoint saved on SIGTERM): they are killed,
+    and the keeper, which is not, still removes the container (it was killed with them)."""
+    image = image_or_skip()
+    fleet.ok("run", "--gpu", "cpu", "--count", "2", "--name", "slowend", "--image", image, "-y",
+             "-d", "--bootstrap", NAPPER, "--", "--slow-term", "600")
+    fleet.wait_for_step("slowend", 3, timeout=240)
+    assert [c.split()[1] for c in containers("slowend")] == ["Up"]
+    fleet.ok("stop", "slowend")
+    wait_until("the job's container removed after a stop that outlasted its grace",
+               lambda: containers("slowend") == [], GONE_WITHIN_S)
+    assert fleet.status("slowend")["status"] == "stopped"
+    assert "napper: SIGTERM, ending in 600 s" in fleet.ok("logs", "slowend").stdout
+
 @pytest.mark.parametrize(("flags", "field", "words"), [
     (["--image", "localhost/none-such:0", "--pull", "never"], "image",
      "image localhost/none-such:0 is not on local"),

@@ -84,21 +84,25 @@ def test_the_pools_image_runs_the_gpt_across_two_machines(pool: Pool) -> None:
     assert pool.containers("gpt") == {n: [] for n in pool.hosts.names}
 
 
-def test_a_killed_supervisor_leaves_no_container_on_any_machine(pool: Pool) -> None:
-    pool.lab.ok("run", "--gpu", "cpu", "--count", "2", "--nodes", "2", "--name", "nap", "-y",
-                "-d", "napper.py")
-    pool.lab.wait_for_step("nap", 3, timeout=RUN_TIMEOUT)
-    running = {n: c for n, c in pool.containers("nap").items() if c}
+@pytest.mark.parametrize("slow", [False, True], ids=["quick-to-end", "slow-to-end"])
+def test_a_killed_supervisor_leaves_no_container_on_any_machine(pool: Pool, slow: bool) -> None:
+    """`slow`: the workers outlast the node agent's grace (a checkpoint saved on SIGTERM), so
+    the agent kills them; the keeper, which it must not kill, still removes the container."""
+    job = "napslow" if slow else "nap"
+    pool.lab.ok("run", "--gpu", "cpu", "--count", "2", "--nodes", "2", "--name", job, "-y",
+                "-d", "napper.py", *(["--", "--slow-term", "600"] if slow else []))
+    pool.lab.wait_for_step(job, 3, timeout=RUN_TIMEOUT)
+    running = {n: c for n, c in pool.containers(job).items() if c}
     assert len(running) == 2 and all(len(c) == 1 for c in running.values()), running
     supervisor = next(p for p in psutil.process_iter(["cmdline", "environ"])
                       if "gpufleet.supervise.supervisor" in " ".join(p.info["cmdline"] or [])
                       and (p.info["environ"] or {}).get("GPUFLEET_HOME") == str(pool.lab.home))
     supervisor.send_signal(signal.SIGKILL)
     deadline = time.monotonic() + GONE_WITHIN_S
-    while any(pool.containers("nap").values()):
-        assert time.monotonic() < deadline, f"containers left: {pool.containers('nap')}"
+    while any(pool.containers(job).values()):
+        assert time.monotonic() < deadline, f"containers left: {pool.containers(job)}"
         time.sleep(1.0)
-    assert pool.lab.status("nap")["status"] == "interrupted"
+    assert pool.lab.status(job)["status"] == "interrupted"
 
 
 def test_a_missing_image_is_one_line_naming_the_image_and_the_machine(pool: Pool) -> None:

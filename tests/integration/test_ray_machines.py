@@ -42,7 +42,7 @@ from fleet_helpers import EXAMPLES, Fleet
 from machines import Machines, machines_or_skip
 
 from gpufleet.backends import ray_auth, ray_local
-from gpufleet.backends.local import terminate
+from gpufleet.backends.proc_tree import terminate
 from gpufleet.backends.ray import LABEL_GPU, LABEL_NODE, LABEL_SIMULATED, RESOURCE
 
 JOB = "gm"

@@ -195,7 +195,8 @@ def _exit_as(status: int) -> int:
             import resource
 
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the launcher's crash, not ours
-        signal.signal(sig, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's action cannot be set
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         return 128 + sig
     return code

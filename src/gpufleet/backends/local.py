@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal as signals
 import socket
 import subprocess
 from dataclasses import dataclass, replace
@@ -22,6 +21,7 @@ from gpufleet.backends import base, keeper
 from gpufleet.backends.base import Prepared, RunRequest
 from gpufleet.backends.kinds import CAPABILITIES, Capabilities, Kind
 from gpufleet.backends.node_image import in_image
+from gpufleet.backends.proc_tree import end_kept, kill, send_signal, tree
 from gpufleet.errors import SpecError
 from gpufleet.launch import frameworks, warm_restart
 from gpufleet.launch.container import Container, NodeSide, container_of
@@ -241,7 +241,7 @@ class LocalBackend:
     def signal(self, handle: base.Handle, sig: int) -> None:
         """Signal the whole tree: torchrun starts each worker in a session of its own, so a
         process-group signal would miss them; we walk the descendants instead."""
-        send_signal(_tree(handle.pid), sig)
+        send_signal(tree(handle.pid), sig)
 
     def run_to_end(self, argv: list[str], env: dict[str, str], cwd: Path,
                    timeout_s: float) -> tuple[str, int | None]:
@@ -262,21 +262,10 @@ class LocalBackend:
         return (out or b"").decode(errors="replace"), None if timed_out else handle.poll()
 
     def kill_tree(self, handle: base.Handle, grace_s: float = 10.0) -> None:
-        """SIGTERM the tree, then SIGKILL whatever is still alive after `grace_s` seconds."""
-        procs = _tree(handle.pid)
-        send_signal(procs, signals.SIGTERM)
-        _, alive = psutil.wait_procs(procs, timeout=grace_s)
-        # a worker started while we waited (torchrun restarting) is caught here too
-        kill(list({p.pid: p for p in alive + _tree(handle.pid)}.values()))
-        handle.wait(5.0)
-
-
-def send_signal(procs: list[Any], sig: int) -> None:
-    for p in procs:
-        try:
-            p.send_signal(sig)
-        except psutil.Error:
-            pass  # already gone
+        """SIGTERM the tree below the keeper, SIGKILL whatever is still alive after `grace_s`
+        seconds, and let the keeper end by itself: its clean-up (a container's removal) runs
+        after the launcher ended, and must not be killed with it (backends/proc_tree.py)."""
+        end_kept(handle.pid, handle.wait, grace_s)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -285,24 +274,3 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
-
-
-def terminate(procs: list[Any], grace_s: float) -> None:
-    """SIGTERM `procs`, then SIGKILL whichever are still alive after `grace_s` seconds."""
-    send_signal(procs, signals.SIGTERM)
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    kill(alive)
-
-
-def kill(procs: list[Any]) -> None:
-    """SIGKILL `procs` and reap them (wait up to 5 s)."""
-    send_signal(procs, signals.SIGKILL)
-    psutil.wait_procs(procs, timeout=5)
-
-
-def _tree(pid: int) -> list[Any]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []

@@ -123,23 +123,21 @@ class NodeAgent:
 
     def stop(self, grace_s: float) -> int | None:
         """SIGTERM torchrun and its workers (each in a session of its own), SIGKILL what is
-        left after `grace_s`."""
-        import psutil
-
-        from gpufleet.backends.local import terminate
+        left after `grace_s`, and let the keeper end by itself once it removed the run's
+        container (backends/proc_tree.py: killed with the rest, it left the container)."""
+        from gpufleet.backends.proc_tree import end_kept
 
         self.stopping.set()
         if self.proc is None:
             return None
-        try:
-            root = psutil.Process(self.proc.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            procs = []
-        terminate(procs, grace_s)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
-        return self.proc.poll()
+        proc = self.proc
+
+        def wait(timeout: float) -> int | None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return proc.wait(timeout=timeout)
+            return None
+
+        return end_kept(proc.pid, wait, grace_s)
 
     def _sample(self, sampling: dict[str, Any]) -> None:
         """Device samples once a second to the supervisor, keyed by the device's position in

@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 
 from gpufleet.backends import ray_auth
-from gpufleet.backends.local import terminate
+from gpufleet.backends.proc_tree import terminate
 from gpufleet.backends.ray import (
     LABEL_FABRIC,
     LABEL_GPU,
