@@ -77,6 +77,9 @@ def test_a_restart_says_gpufleet_holds_no_checkpoint(fleet: Fleet) -> None:
 def test_with_the_bootstrap_off_the_logs_still_name_the_exception(fleet: Fleet) -> None:
     s = _fail(fleet, "off", env={"GPUFLEET_BOOTSTRAP": "0"})
     assert _error_files(fleet, "off") == []  # no record: the reason comes from the log tails
-    assert s["reason"].startswith("rank 1 failed: RuntimeError: boom at step 3 on rank 1 "
-                                  "(exit code 1); last lines:"), s["reason"]
+    # rank 1 raised; whether it exited by itself (1) or torchrun's SIGTERM reached it while its
+    # interpreter was still ending, after rank 0 had left on the closed connection (-15), is a
+    # race between the two ranks, and the reason says whichever happened
+    assert re.match(r"rank 1 failed: RuntimeError: boom at step 3 on rank 1 \(exit code (1|-15)\); "
+                    r"last lines:", s["reason"]), s["reason"]
     assert "comm_timeout" not in {f["rule"] for f in s["findings"]}, s["findings"]
