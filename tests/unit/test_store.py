@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import inspect, select
@@ -15,6 +18,7 @@ from gpufleet.lifecycle import clusters
 from gpufleet.pool.model import Device, Node
 from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Reservation, Store, gpufleet_home
+from gpufleet.store.db import _to_wal
 
 
 def mode(path: Path) -> int:
@@ -54,6 +58,61 @@ def test_store_uses_wal(store: Store) -> None:
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+
+
+class _Watched:
+    """A real cursor whose refusals are seen: the test waits on the first one, not on a time."""
+
+    def __init__(self, cur: sqlite3.Cursor):
+        self.cur, self.refused = cur, threading.Event()
+
+    def execute(self, sql: str) -> Any:
+        try:
+            return self.cur.execute(sql)
+        except sqlite3.OperationalError:
+            self.refused.set()
+            raise
+
+
+def _held_new_file(path: Path) -> sqlite3.Connection:
+    """A connection in the middle of a write on a file still in its first (rollback) journal,
+    as a first command's migration is when a second opens the same new store."""
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("CREATE TABLE t (x)")
+    return holder
+
+
+def test_wal_is_set_once_a_connection_holding_a_new_file_lets_go(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    holder = _held_new_file(path)
+    other = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
+    cur = _Watched(other.cursor())
+    done: list[str] = []
+
+    def switch() -> None:
+        _to_wal(cur, timeout_s=120)
+        done.append("wal")
+
+    t = threading.Thread(target=switch)
+    t.start()
+    assert cur.refused.wait(60), "SQLite refused nothing: the case this guards did not happen"
+    holder.execute("COMMIT")  # SQLite said "locked" at once; the switch waits for this
+    t.join(120)
+    assert done == ["wal"]
+    assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    holder.close()
+    other.close()
+
+
+def test_wal_gives_up_with_sqlites_error_when_the_file_stays_held(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    holder = _held_new_file(path)
+    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        _to_wal(other.cursor(), timeout_s=0.2)
+    holder.close()
+    other.close()
 
 
 def test_session_commits_on_normal_exit(store: Store) -> None:

@@ -37,12 +37,34 @@ def gpufleet_home() -> Path:
     return ensure_home()
 
 
+BUSY_TIMEOUT_S = 30.0
+
+
+def _to_wal(cur: Any, timeout_s: float = BUSY_TIMEOUT_S) -> None:
+    """Switch a new state file to WAL, retrying while another connection holds it.
+
+    Changing the journal mode needs the file to itself, and SQLite answers "database is locked"
+    at once there instead of waiting on busy_timeout: connections opening a new store at the
+    same moment (a server's threads, two first commands) failed 1 time in 3 here, with four
+    threads, until they retried. A file already in WAL keeps it, and the pragma returns at once.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     # Let SQLAlchemy's BEGIN below control transactions instead of the sqlite3 module.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    _to_wal(cur)
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 
