@@ -206,7 +206,8 @@ def test_a_job_from_a_folder_only_here_runs_on_two_machines_and_heals_a_killed_o
         assert third in replaced["reason"].split("new allocation")[1], events
         first_step_again = _metric_times(fleet.home, "j", replaced["time"])[0]
         print(f"\nkill -> run failed: {restarting['time'] - at_kill:.1f} s; "
-              f"kill -> first step after the heal: {first_step_again - at_kill:.1f} s")
+              f"kill -> first step after the heal: {first_step_again - at_kill:.1f} s; "
+              f"the restart: {restarting['reason']}")
         cluster = next(c for c in fleet.clusters() if c["job"] == "j")
         assert {d.split("/")[0] for d in cluster["devices"]} == {first, third}, cluster
 

@@ -173,3 +173,29 @@ def test_a_checkpointer_script_without_a_checkpoint_yet_restarts_from_the_start(
     none_yet = Failure(signature="s", description="d", step=5, checkpoint_step=None)
     assert resumes_from(none_yet, has_checkpointer=True) == "from the start (no checkpoint yet)"
     assert "restarts as written" in resumes_from(none_yet)
+
+
+def test_after_a_lost_node_the_restart_names_the_newest_copy_not_the_newest_save() -> None:
+    from gpufleet.supervise.restarts import resumes_after_loss
+
+    # saved at 10 on the nodes, copied up to 8: the replacement can read only the copy
+    said = resumes_after_loss(fail(step=11, checkpoint=10), copied=8, durable=True,
+                              has_checkpointer=True)
+    assert said == ("from gpufleet's checkpoint at step 8, the newest copied to --checkpoint-to "
+                    "(a newer one only if every node still has it); up to 3 step(s) are redone")
+    caught_up = resumes_after_loss(fail(step=11, checkpoint=10), copied=10, durable=True)
+    assert caught_up == ("from gpufleet's checkpoint at step 10, the newest copied to "
+                         "--checkpoint-to; up to 1 step(s) are redone")
+
+
+def test_after_a_lost_node_with_nothing_copied_the_start_is_said_as_possible() -> None:
+    from gpufleet.supervise.restarts import resumes_after_loss
+
+    pending = resumes_after_loss(fail(step=11, checkpoint=10), copied=None, durable=True)
+    assert pending == ("from gpufleet's checkpoint at step 10 only if every node still has it, "
+                       "else from the start (none has been copied to --checkpoint-to yet)")
+    assert "without --checkpoint-to, a lost node's checkpoints are gone with it" in \
+        resumes_after_loss(fail(step=11, checkpoint=10), copied=None, durable=False)
+    # nothing saved at all reads as any other restart
+    assert resumes_after_loss(fail(step=5, checkpoint=None), None, True, has_checkpointer=True) \
+        == "from the start (no checkpoint yet)"

@@ -378,6 +378,32 @@ def test_a_lost_node_is_healed_before_the_restart_and_the_size_follows_the_clust
                        Transition(JobStatus.RUNNING, "1 worker(s) on c (run 2)", {"world_size": 1})]
 
 
+def test_a_lost_nodes_restart_names_the_checkpoint_its_replacement_can_read() -> None:
+    state = _running(heals=True, durable=True)
+    state, _ = _feed(state, WorkerNote("checkpointer", 0), WorkerNote("checkpoint", 0, 8),
+                     WorkerNote("checkpoint_copied", 0, 8), WorkerNote("checkpoint", 0, 10),
+                     Reported(0, 11))
+    _, actions = _feed(state, WorkersExited(75, error="NodeLostError: node worker1 left",
+                                            node_lost=True))
+    said = next(a.reason for a in actions if isinstance(a, Transition))
+    assert said.endswith("restart 1 of 3 now, from gpufleet's checkpoint at step 8, the newest "
+                         "copied to --checkpoint-to (a newer one only if every node still has "
+                         "it); up to 3 step(s) are redone"), said
+    # a rank that failed on a node still there resumes from the newest save, as ever
+    _, actions = _feed(state, WorkersExited(1, rank=0, rank_code=1))
+    said = next(a.reason for a in actions if isinstance(a, Transition))
+    assert said.endswith("from gpufleet's checkpoint at step 10; 1 step(s) are redone"), said
+
+
+def test_a_resumed_job_starts_knowing_its_durable_copy() -> None:
+    state, _ = _feed(machine.initial(_config(heals=True, durable=True), 2, 30, copied_step=30),
+                     Begin(), WorkersStarted(), WorkerNote("resumed", 0, 30), Reported(0, 34))
+    _, actions = _feed(state, WorkersExited(75, node_lost=True))
+    said = next(a.reason for a in actions if isinstance(a, Transition))
+    assert "from gpufleet's checkpoint at step 30, the newest copied to --checkpoint-to; up to 4 " \
+        "step(s) are redone" in said, said
+
+
 def test_a_stop_while_healing_starts_nothing() -> None:
     state, _ = _feed(machine.initial(_config(heals=True), 2), Begin(), WorkersExited(75),
                      BackoffOver())

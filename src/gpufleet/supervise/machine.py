@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gpufleet import durable_copy
 from gpufleet.status import JobStatus
 from gpufleet.supervise import hang, outcome, restarts
 from gpufleet.supervise.events import (
@@ -126,6 +127,8 @@ def _note(state: State, note: WorkerNote, now: float) -> State:
         return replace(s, has_checkpointer=True)
     if note.kind in ("checkpoint", "resumed"):
         return replace(s, checkpoint_step=note.step)
+    if note.kind == durable_copy.CopyEvent.COPIED and note.step is not None:
+        return replace(s, copied_step=max(note.step, s.copied_step or 0))
     if note.kind == "exit_for_resize":
         # a control note counts only as the answer to a request of this run (one withdrawn at
         # its deadline too: a rank may have read it first); unasked, an exit 0 is the end
@@ -192,7 +195,11 @@ def _failed(state: State, ex: WorkersExited | None, found: hang.Hang | None,
                         + (f"; last lines:\n{last_lines}" if last_lines else ""))
         return _finish(s, code, *actions)  # else the failure reads as it always has (outcome)
     when = "now" if decision.delay_s == 0 else f"in {decision.delay_s:.0f} s"
-    note = f"{decision.reason} {when}, {restarts.resumes_from(failure, state.has_checkpointer)}"
+    resumes = restarts.resumes_after_loss(failure, state.copied_step, state.config.durable,
+                                          state.has_checkpointer) \
+        if ex is not None and ex.node_lost else restarts.resumes_from(failure,
+                                                                      state.has_checkpointer)
+    note = f"{decision.reason} {when}, {resumes}"
     text = f"{failure.description}; {note}"
     return replace(s, phase="backoff"), [*actions, Transition(JobStatus.RESTARTING, text),
                                          Say(text), Wait(decision.delay_s)]

@@ -107,6 +107,29 @@ def resumes_from(failure: Failure, has_checkpointer: bool = False) -> str:
             + (f"; {lost} step(s) are redone" if lost is not None else ""))
 
 
+def resumes_after_loss(failure: Failure, copied: int | None, durable: bool,
+                       has_checkpointer: bool = False) -> str:
+    """What a restart after a lost node resumes from. The lost node's checkpoints went with
+    it, and its replacement has only what reached `--checkpoint-to`; the ranks load the
+    newest checkpoint every one of them can read (`train.Checkpointer.resume`). So the
+    restart names the newest copy (`copied`), not the newest checkpoint saved: a copy still
+    in flight, or a lost node that comes back with its disk, can only make it newer."""
+    saved = failure.checkpoint_step
+    if not saved and not copied:
+        return resumes_from(failure, has_checkpointer)
+    if copied:
+        lost = None if failure.step is None else max(0, failure.step - copied)
+        newer = "" if saved is not None and saved <= copied else \
+            " (a newer one only if every node still has it)"
+        return (f"from gpufleet's checkpoint at step {copied}, the newest copied to "
+                f"--checkpoint-to{newer}" + (f"; up to {lost} step(s) are redone"
+                                             if lost is not None else ""))
+    why = ("none has been copied to --checkpoint-to yet" if durable else
+           "without --checkpoint-to, a lost node's checkpoints are gone with it")
+    return (f"from gpufleet's checkpoint at step {saved} only if every node still has it, "
+            f"else from the start ({why})")
+
+
 def steps_lost(failure: Failure) -> int | None:
     """Steps done since the checkpoint the restart resumes from (all of them without one)."""
     if failure.step is None:

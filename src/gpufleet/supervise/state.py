@@ -24,6 +24,7 @@ class Config:
     policy: elastic.Policy | None = None  # an elastic job's
     allowed: tuple[int, ...] = ()  # the sizes an elastic job may take
     heals: bool = False  # the engine can lose nodes: heal before every run after the first
+    durable: bool = False  # checkpoints are copied to --checkpoint-to
     time_limit_s: float | None = None  # from the first start, over every restart (--time-limit)
     usd_per_device_hour: float = 0.0  # the cluster's rate per device: goodput per dollar
 
@@ -40,6 +41,7 @@ class State:
     last_seen: dict[int, tuple[float, int]] = field(default_factory=dict)  # rank -> (time, step)
     ever_reported: bool = False
     checkpoint_step: int | None = None
+    copied_step: int | None = None  # the newest checkpoint copied to --checkpoint-to
     has_checkpointer: bool = False
     exited_for_resize: bool = False
     exit_asked: bool = False  # this run's workers were asked to save and exit (a resize)
@@ -75,8 +77,11 @@ class State:
 Result = tuple[State, list[Action]]
 
 
-def initial(config: Config, workers: int, step: int | None = None) -> State:
-    return State(config=config, workers=workers, step=step)
+def initial(config: Config, workers: int, step: int | None = None,
+            copied_step: int | None = None) -> State:
+    """A job's machine before its first run; `step` and `copied_step` carry what its earlier
+    runs reached (a resumed job's last step and durable copy)."""
+    return State(config=config, workers=workers, step=step, copied_step=copied_step)
 
 
 def start_run(state: State, now: float) -> Result:

@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from gpufleet import durable_copy
 from gpufleet.backends.base import Backend
 from gpufleet.lifecycle import jobs
 from gpufleet.reportauth import new_key
@@ -77,9 +78,12 @@ class Supervisor:
         config = machine.Config(
             cluster_name=cluster.name, max_restarts=spec.max_restarts,
             hang_timeout_s=spec.hang_timeout_s, policy=policy, allowed=tuple(allowed),
-            heals=backend.capabilities.multi_node, time_limit_s=spec.time_limit_s,
+            heals=backend.capabilities.multi_node, durable=bool(spec.checkpoint_to),
+            time_limit_s=spec.time_limit_s,
             usd_per_device_hour=cluster.usd_per_hour / cluster.count if cluster.count else 0.0)
-        self.state = machine.initial(config, workers, job.step)
+        copied = durable_copy.state((e.kind, e.reason) for e in jobs.events(store, job.id))
+        self.state = machine.initial(config, workers, job.step,
+                                     copied.step if copied is not None else None)
         self.telemetry = TelemetryState(self.run_state)
         self.effects = Effects(self.run_state, self.telemetry, self.stopping)
         self.store_watch = StoreWatch(store.path)  # the state file removed under the job
