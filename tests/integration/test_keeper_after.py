@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 from gpufleet.backends import keeper, proc_tree
+from gpufleet.launch.run_env import identity_env
+from gpufleet.lifecycle import leftovers
 
 
 def _after(mark: Path) -> list[str]:
@@ -92,3 +94,33 @@ def test_a_launcher_killed_by_sigkill_is_read_as_such_through_the_keeper(tmp_pat
         os.close(lifeline)
     assert proc.returncode == -signal.SIGKILL
     assert b"Traceback" not in out
+
+
+def test_a_reconcile_just_after_the_supervisors_death_lets_the_keeper_clean_up(
+        tmp_path: Path) -> None:
+    """A command run while the keeper is still removing the container (the supervisor's kill
+    -9 a moment before) ends the run's leftovers: it waits for the keeper rather than
+    signalling it and its `--after`, which carry the run's identity as well."""
+    mark = tmp_path / "after"
+    started = tmp_path / "started"
+    cleaning = tmp_path / "cleaning"
+    run = leftovers.RunIdentity("j", str(tmp_path), 2**22 + 7)  # a supervisor no longer there
+    env = {**os.environ, **identity_env(run.job_name, run.job_dir, run.supervisor_pid)}
+    slow_after = [sys.executable, "-c",
+                  f"import time; open({str(cleaning)!r}, 'w').close(); time.sleep(4); "
+                  f"open({str(mark)!r}, 'w').write('done')"]
+    script = f"import time; open({str(started)!r}, 'w').close(); time.sleep(600)"
+    proc, lifeline = keeper.spawn([sys.executable, "-c", script], env, tmp_path, after=slow_after)
+    try:
+        _wait_started(started, proc)
+    finally:
+        os.close(lifeline)  # the supervisor died: the keeper ends the tree, then cleans up
+    for _ in range(1200):
+        if cleaning.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert cleaning.exists()
+    ended = leftovers.end_run(run)  # the reconcile comes while the clean-up runs
+    assert proc.pid in ended
+    assert mark.read_text() == "done"
+    assert proc.wait(timeout=60) is not None

@@ -3,10 +3,14 @@
 The keeper (backends/keeper.py) ends a run's tree when its supervisor dies. This is the second
 line, for when the kill took the keeper out too (kill -9 of the whole tree but a worker, an OOM
 kill of both): whoever reconciles the job next ends every process of ours that still carries the
-run's identity in its environment (`launch.run_env.identity_env`). Each process of a run has
-it, because the supervisor passes it to the keeper and everything below inherits it: the job's
-folder and name, and the pid of the supervisor that started the run, so a later run of the
-same job (`run --resume`, under a new supervisor) is never mistaken for the dead one's leftovers.
+run's identity in its environment (`launch.run_env.identity_env`). A keeper still alive is doing
+that itself, and its last part, the `--after` clean-up, removes a job's container: a reconcile
+within seconds of the supervisor's death waits for such a keeper (`backends.proc_tree`'s bound)
+instead of signalling it and its tree, which left the container listed as running for good.
+Each process of a run has the identity, because the supervisor passes it to the keeper and
+everything below inherits it: the job's folder and name, and the pid of the supervisor that
+started the run, so a later run of the same job (`run --resume`, under a new supervisor) is
+never mistaken for the dead one's leftovers.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from dataclasses import dataclass
 
 import psutil
 
+from gpufleet.backends.proc_tree import KEEPER_ENDS_S
 from gpufleet.launch.run_env import SUPERVISOR_VAR
 
 GRACE_S = 3.0  # SIGTERM, then SIGKILL this many seconds later
+KEEPER_SCRIPT = "backends/keeper.py"  # how a keeper's command line names it (keeper.spawn)
 
 
 @dataclass(frozen=True)
@@ -96,17 +102,35 @@ def _living(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Proces
         time.sleep(0.05)
 
 
-def end_run(run: RunIdentity, grace_s: float = GRACE_S) -> list[int]:
-    """SIGTERM every live process of the run, SIGKILL those left after `grace_s`; their pids."""
-    pids = of_run(_scan(), run, os.getuid(), os.getpid())
+def _processes(pids: Iterable[int]) -> list[psutil.Process]:
     procs = []
     for pid in pids:
         try:
             procs.append(psutil.Process(pid))
         except psutil.Error:
             continue
+    return procs
+
+
+def _is_keeper(proc: psutil.Process) -> bool:
+    try:
+        return any(arg.endswith(KEEPER_SCRIPT) for arg in proc.cmdline()[:4])
+    except psutil.Error:
+        return False
+
+
+def end_run(run: RunIdentity, grace_s: float = GRACE_S,
+            keeper_s: float = KEEPER_ENDS_S) -> list[int]:
+    """Let a live keeper of the run end its tree and clean up (up to `keeper_s`), then SIGTERM
+    every live process of the run, SIGKILL those left after `grace_s`; their pids."""
+    pids = of_run(_scan(), run, os.getuid(), os.getpid())
+    keepers = [p for p in _processes(pids) if _is_keeper(p)]
+    if keepers:
+        _living(keepers, keeper_s)
+        pids = sorted(set(pids) | set(of_run(_scan(), run, os.getuid(), os.getpid())))
+    procs = _processes(pids)
     if not procs:
-        return []
+        return pids
     _send(procs, run, signal.SIGTERM)
     alive = _living(procs, grace_s)
     _send(alive, run, signal.SIGKILL)
