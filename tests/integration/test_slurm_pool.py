@@ -302,6 +302,29 @@ def test_a_failure_that_loses_no_node_restarts_in_the_same_allocation(sfleet: Fl
     assert log.count(f"setup: setup ran in {sfleet.cwd}") == 2, log
 
 
+def test_a_warm_job_forks_its_ranks_on_every_node_and_again_after_a_restart(
+        sfleet: Fleet) -> None:
+    """`--warm` on two Slurm nodes: each node's step runs gpufleet's warm launcher, whose
+    ranks fork from a forkserver with torch imported, in the first run and in the run after
+    a rank's failure (a new launcher per node: multi-node restarts start one)."""
+    sfleet.ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--max-restarts", "1",
+              "--warm", "-y", "-d", "--name", "w", str(WORKERS / "warm_probe.py"), "--",
+              "--fail-first-run", "4", timeout=120)
+    final = sfleet.wait_ended("w", timeout=300)
+    log = sfleet.ok("logs", "w").stdout
+    assert final["status"] == "succeeded", (final["events"], log[-3000:])
+    found = re.findall(r"\[(head|worker1) rank\d\]:probe rank (\d) warm=(\w+) name=__main__ "
+                       r"argv=\['\S+', '4'\] path0=\S+ forkserver_parent=(\w+) frozen=\d+ "
+                       r"run=(\d)", log)
+    assert sorted((node, rank, run) for node, rank, _, _, run in found) == [
+        ("head", "0", "1"), ("head", "0", "2"), ("worker1", "1", "1"), ("worker1", "1", "2")], log
+    assert {(warm, forked) for _, _, warm, forked, _ in found} == {("True", "True")}, found
+    assert "probe rank 1 failing in the first run as asked" in log
+    assert "warm start off" not in log
+    restarting = next(e["reason"] for e in final["events"] if e["kind"] == "restarting")
+    assert "rank 1 failed (exit code 1)" in restarting, final["events"]
+
+
 def test_stopping_a_running_job_ends_every_nodes_step_and_cancels_its_allocation(
         sfleet: Fleet) -> None:
     sfleet.ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "-y", "-d", "--name", "n",

@@ -238,6 +238,29 @@ def test_without_records_a_traceback_scrolled_out_still_names_the_error(tmp_path
     assert (tail.rank, tail.error, tail.recorded) == (1, BOOM, False)
 
 
+def test_a_nodes_summary_scrolled_out_of_the_agents_tail_still_names_the_cause(
+        tmp_path: Path) -> None:
+    """Two nodes' summaries, the worker's first, each after a long traceback of the agent's
+    (warm workers' failures are logged with one): the head's alone names its victim, rank 0."""
+    sink = LogSink(tmp_path, world_size=2)
+    sink.write("[worker1 rank1]:probe rank 1 failing as asked\n")
+    sink.write("[head rank0]:[rank0]: Traceback (most recent call last):\n")
+    sink.write(f"[head rank0]:[rank0]: {CLOSED}\n")
+    for node, rank in (("worker1", 1), ("head", 0)):
+        sink.write(f"[{node}]: Traceback (most recent call last):\n")
+        for i in range(TAIL_LINES):
+            sink.write(f'[{node}]:   File "api.py", line {i}, in run\n')
+        for line in ("Root Cause (first observed failure):", f"  rank      : {rank} (local_rank: 0)",
+                     "  exitcode  : 1 (pid: 7)", "  error_file: <N/A>"):
+            sink.write(f"[{node}]: {line}\n")
+        sink.write(f"[{node}]: {'=' * 60}\n")
+    tail = sink.failure(single_node=False)
+    sink.new_run("restart 1")
+    assert list(sink.summaries) == []  # the next failure reads the next run's summaries
+    sink.close()
+    assert (tail.rank, tail.rank_code) == (1, 1)
+
+
 # ---------------------------------------------------------------- the comm rule
 
 JOB = Inputs(now=1000.0, status="failed", started_at=900.0, last_report_at=990.0, step=3,

@@ -350,3 +350,16 @@ def test_job_view_cost_frozen_after_cluster_stop() -> None:
 def test_job_view_cost_zero_when_cluster_never_started() -> None:
     view = job_view(make_job(status="starting"), make_cluster(status="pending", started_at=None), 2_000.0)
     assert view.cost_usd == 0.0
+
+
+def test_failed_rank_reads_every_nodes_summary_and_skips_a_victims_root() -> None:
+    """Two nodes, each torchrun with its own summary: the head's first
+    exit is rank 0's knock-on, the worker's is rank 1's own `sys.exit(1)` (no traceback)."""
+    head = torchrun_summary(root=(0, 1), others=[])
+    worker = torchrun_summary(root=(1, 1), others=[])
+    tails = tails_of(r0=[TB, "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed "
+                             "by peer [127.0.0.1]:7388"], r1=["probe rank 1 failing as asked"])
+    for agent in (head + worker, worker + head):
+        assert failed_rank(agent, tails) == (1, 1)
+    # with no victim among them, the first node's root cause stands
+    assert failed_rank(head + worker, {}) == (0, 1)

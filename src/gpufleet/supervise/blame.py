@@ -134,14 +134,17 @@ class Summary:
     codes: dict[int, int]  # exit codes
     files: dict[str, int]  # error file path -> rank
     root: int | None  # the rank of its 'Root Cause' block: the first exit it saw
+    roots: tuple[int, ...] = ()  # every summary's (one per node's torchrun), in log order
 
 
 def summary(agent_lines: Iterable[str]) -> Summary:
     """Read the blocks of torchrun's failure summary ("rank : R (local_rank: L)", "exitcode :
-    C", "error_file: PATH"); lines of other kinds in between are skipped."""
+    C", "error_file: PATH"); lines of other kinds in between are skipped. Each node of a
+    multi-node job has a torchrun that prints a summary of its own ranks: all are read (the
+    first node to report is often a peer's victim)."""
     codes: dict[int, int] = {}
     files: dict[str, int] = {}
-    root: int | None = None
+    roots: list[int] = []
     in_root = False
     rank: int | None = None
     for line in agent_lines:
@@ -149,10 +152,17 @@ def summary(agent_lines: Iterable[str]) -> Summary:
             in_root = True
         if m := _RANK.match(line):
             rank = int(m.group(1))
-            if in_root and root is None:
-                root = rank
+            if in_root:
+                roots.append(rank)
+                in_root = False
         elif rank is not None and (m := _EXIT.match(line)):
             codes.setdefault(rank, int(m.group(1)))
         elif rank is not None and (m := _FILE.match(line)) and m.group(1) != "<N/A>":
             files.setdefault(m.group(1), rank)
-    return Summary(codes, files, root)
+    return Summary(codes, files, roots[0] if roots else None, tuple(roots))
+
+
+def in_summary(line: str) -> bool:
+    """Whether an agent line is one `summary` reads: a multi-node job's summaries (about 60
+    lines per node with the tracebacks warm workers print) scroll out of the agent's tail."""
+    return "Root Cause" in line or any(p.match(line) for p in (_RANK, _EXIT, _FILE))

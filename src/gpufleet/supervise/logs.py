@@ -14,13 +14,22 @@ from pathlib import Path
 from typing import IO
 
 from gpufleet.launch.warm_restart import parked_code
-from gpufleet.supervise.blame import ErrorRecord, Summary, Tail, blame, parse, summary
+from gpufleet.supervise.blame import (
+    ErrorRecord,
+    Summary,
+    Tail,
+    blame,
+    in_summary,
+    parse,
+    summary,
+)
 
 _RAY_TAG = re.compile(r"^(?:\x1b\[[0-9;]*m)?\([A-Za-z_]\w* pid=\d+(?:, ip=[^)]*)?\)(?:\x1b\[[0-9;]*m)? ")
 _HOROVOD_TAG = re.compile(r"^\[(\d+)\]<std(?:out|err)>:")  # horovodrun's own rank tag
 _PREFIX = re.compile(r"^\[(?:[\w.-]+ )?rank(\d+)\]:(.*)$", re.DOTALL)
 _NODE_TAG = re.compile(r"^\[[\w.-]+\]: ")  # a node agent's own line, from the Ray driver
 TAIL_LINES = 40
+SUMMARY_LINES = 4_000  # the summary lines of a run: 4 or 5 per failed rank
 PINNED_LINES = 3  # of a traceback scrolled out of the tail: its last frame and its exception
 # A traceback stays pinned only this many lines after it: enough for what a script printed just
 # before it raised, while one it handled long ago (logging.exception) is not taken for a crash.
@@ -106,6 +115,8 @@ class LogSink:
             job_dir / "job.log", "a", buffering=1, encoding="utf-8", errors="replace")
         self.files: dict[int | None, IO[str]] = {}
         self.tails: dict[int | None, RankTail] = {}
+        # torchrun's failure summaries of this run (every node's), which outgrow the agent's tail
+        self.summaries: deque[str] = deque(maxlen=SUMMARY_LINES)
         for rank in range(world_size):  # a rank that never prints still has a (empty) log
             self._file(rank)
 
@@ -114,6 +125,8 @@ class LogSink:
         self.combined.write(line if line.endswith("\n") else line + "\n")
         self._file(rank).write(text if text.endswith("\n") else text + "\n")
         self.tails.setdefault(rank, RankTail()).append(text.rstrip("\n"))
+        if rank is None and in_summary(text):
+            self.summaries.append(text.rstrip("\n"))
         return rank, text
 
     def _file(self, rank: int | None) -> IO[str]:
@@ -136,6 +149,7 @@ class LogSink:
         for f in self.files.values():
             f.write(line)
         self.tails.clear()
+        self.summaries.clear()
 
     def tail(self, rank: int | None) -> list[str]:
         return list(self.tails.get(rank, ()))
@@ -143,7 +157,7 @@ class LogSink:
     def failure_tail(self) -> tuple[int | None, int | None, list[str]]:
         """(the rank that failed first, its exit code, its last 8 lines: the agent's when no
         rank can be blamed), read from the logs alone."""
-        rank, rank_code = failed_rank(self.tail(None), self.tails)
+        rank, rank_code = failed_rank(list(self.summaries), self.tails)
         last = self.tail(rank)[-8:] if rank is not None else self.tail(None)[-8:]
         return rank, rank_code, last
 
@@ -151,7 +165,7 @@ class LogSink:
         """How this run's failure reads: from the ranks' error records when one names the cause
         (see blame.py), else from the log tails. `single_node`: a record's folder (torchrun's
         local rank) is its global rank."""
-        told = summary(self.tail(None))
+        told = summary(self.summaries)
         found = blame(self.error_records(told, single_node), told.codes)
         if found is not None:
             return Tail(found.rank, found.code, found.lines, found.error, recorded=True)
@@ -209,16 +223,24 @@ def failed_rank(agent_lines: list[str],
     """(rank, exit code) of the failure that caused the others.
 
     torchrun's 'root cause' is only the first exit it observed, often a rank that died because
-    its peer did. So: first a rank whose traceback is not a communication knock-on, then
-    torchrun's root cause, then any rank with a traceback.
+    its peer did. So: first a rank whose traceback is not a communication knock-on, then a
+    root cause that shows no knock-on (a multi-node job has one per node: a rank that ended
+    with `sys.exit(1)` on one node, its peer's "Connection closed by peer" on another), then
+    torchrun's first root cause, then any rank with a traceback.
     """
     found = summary(agent_lines)
     codes, root = found.codes, found.root
     tails = {r: list(lines) for r, lines in rank_tails.items()}
+
+    def knocked_on(r: int) -> bool:
+        return any(_KNOCK_ON.search(ln) for ln in tails.get(r, ()))
+
     with_tb = [r for r, lines in sorted(tails.items(), key=lambda kv: kv[0] or 0)
                if r is not None and any("Traceback" in ln for ln in lines)]
-    primary = [r for r in with_tb if not any(_KNOCK_ON.search(ln) for ln in tails[r])]
-    rank = primary[0] if primary else root if root is not None else with_tb[0] if with_tb else None
+    primary = [r for r in with_tb if not knocked_on(r)]
+    clean_roots = [r for r in found.roots if not knocked_on(r)]
+    rank = (primary[0] if primary else clean_roots[0] if clean_roots else root
+            if root is not None else with_tb[0] if with_tb else None)
     return rank, codes.get(rank) if rank is not None else None
 
 

@@ -4,8 +4,10 @@ parent's command, `__name__`, argv, sys.path[0] and how many objects its garbage
 never walks (gc.freeze). Then a few DDP steps with a DataLoader whose
 worker is *spawned* (a fresh interpreter that must import this script's Dataset class by the
 script's path), and the final loss, which a warm and a plain start must print alike.
-Usage: warm_probe.py [STEPS [HOLD]]: with HOLD, every rank waits after its steps until the file
-HOLD exists (a test releases it once it saw what it waits for, never after a guessed time)."""
+Usage: warm_probe.py [--fail-first-run] [STEPS [HOLD]]: with HOLD, every rank waits after its
+steps until the file HOLD exists (a test releases it once it saw what it waits for, never after
+a guessed time); with --fail-first-run the last rank exits 1 after its first line in the job's
+first run, so the run after it shows how a restarted rank was started."""
 
 import gc
 import os
@@ -14,6 +16,9 @@ import time
 
 WARM = "torch" in sys.modules  # before this script imports anything heavy
 FROZEN = gc.get_freeze_count()  # what the collector never walks in this process
+FAIL_FIRST_RUN = "--fail-first-run" in sys.argv
+if FAIL_FIRST_RUN:
+    sys.argv.remove("--fail-first-run")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -45,8 +50,12 @@ def main() -> None:
         parent = f.read().replace(b"\0", b" ").decode()
     print(f"probe rank {rank} warm={WARM} name={__name__} argv={sys.argv} "
           f"path0={sys.path[0]} forkserver_parent={'multiprocessing.forkserver' in parent} "
-          f"frozen={FROZEN}",
+          f"frozen={FROZEN} run={os.environ.get('GPUFLEET_RUN')}",
           flush=True)
+    if FAIL_FIRST_RUN and os.environ.get("GPUFLEET_RUN") == "1" \
+            and rank == dist.get_world_size() - 1:
+        print(f"probe rank {rank} failing in the first run as asked", flush=True)
+        sys.exit(1)
     torch.manual_seed(0)
     data = Squares()
     loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, shuffle=False),
