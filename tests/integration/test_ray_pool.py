@@ -383,6 +383,29 @@ def test_two_node_ddp_gpt_through_ray_fails_fast_on_a_lost_node_and_continues(
 # ------------------------------------------------------------------------------ sim pools
 
 
+def test_a_warm_job_forks_its_ranks_on_every_ray_node_and_again_after_a_restart(
+        rfleet: Fleet) -> None:
+    """`--warm` through Ray: each node agent's torchrun is gpufleet's warm launcher, whose two
+    ranks fork from a forkserver with torch imported, in the first run and in the run after a
+    rank's failure (each node's launcher is started again: a multi-node restart)."""
+    rfleet.ok("run", str(WORKERS / "warm_probe.py"), "--gpu", "H100", "--count", "4", "--nodes",
+              "2", "--network", "infiniband", "--name", "rw", "--max-restarts", "1", "--warm",
+              "-d", "-y", "--", "--fail-first-run", "4")
+    final = rfleet.wait_ended("rw", 300)
+    log = rfleet.ok("logs", "rw").stdout
+    assert final["status"] == "succeeded", (_events(rfleet, "rw"), log[-3000:])
+    found = re.findall(r"\[(head|worker\d) rank\d\]:probe rank (\d) warm=(\w+) name=__main__ "
+                       r"argv=\['\S+', '4'\] path0=\S+ forkserver_parent=(\w+) frozen=\d+ "
+                       r"run=(\d)", log)
+    assert sorted((rank, run) for _, rank, _, _, run in found) == [
+        (str(r), str(n)) for r in range(4) for n in (1, 2)], log[-3000:]
+    assert {(warm, forked) for _, _, warm, forked, _ in found} == {("True", "True")}, found
+    assert len({node for node, *_ in found}) == 2, found  # the ranks of two nodes
+    assert "warm start off" not in log
+    restarting = next(e["reason"] for e in _events(rfleet, "rw") if e["kind"] == "restarting")
+    assert restarting.startswith("rank 3 failed (exit code 1)"), restarting
+
+
 def test_sim_pool_of_16000_gpus_plans_and_reserves_but_never_runs(fleet: Fleet) -> None:
     fleet.ok("pool", "add", "sim", "--name", "fleet", "--shape", "1000xH100:8",
              "--shape", "600xA100:8", "--shape", "400xRTX4090:4:ethernet")

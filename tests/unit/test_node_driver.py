@@ -60,12 +60,31 @@ def test_every_node_done_is_a_success_and_nothing_is_ended(tmp_path: Path) -> No
 
 def test_a_node_that_fails_on_its_own_ends_the_others_with_its_code(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    d = Scripted([({}, set()), ({1: 3}, set())], tmp_path / "p.lost")
+    d = Scripted([({}, set()), ({1: 3}, set()), ({0: 1, 1: 3}, set())], tmp_path / "p.lost")
     assert d.run() == 3
     assert d.confirms == 1  # looked for a lost peer before blaming worker1
     assert d.ended == [10.0]
     assert "gpufleet: node worker1 exited with code 3; ending the other nodes" in \
         capsys.readouterr().out
+
+
+def test_the_other_nodes_get_to_end_by_themselves_before_they_are_signalled(
+        tmp_path: Path) -> None:
+    """Their torchrun names its own failed ranks once it noticed them: a SIGTERM at once left
+    no such summary, and the failure was blamed on the victim that ended first."""
+    d = Scripted([({}, set()), ({1: 3}, set()), ({1: 3}, set()), ({1: 3}, set()),
+                  ({0: 1, 1: 3}, set()), ({0: 1, 1: 3}, set())], tmp_path / "p.lost")
+    assert d.run() == 3 and d.ended == [10.0]
+    assert len(d.polls) == 1  # polled until head ended too, not past it
+
+
+def test_a_peer_that_does_not_end_by_itself_is_ended_after_the_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter(range(0, 1000))
+    monkeypatch.setattr(node_driver.time, "monotonic", lambda: float(next(clock)))
+    d = Scripted([({}, set()), ({1: 3}, set())], tmp_path / "p.lost")
+    assert d.run() == 3 and d.ended == [10.0]
+    assert next(clock) <= node_driver.PEERS_END_S + 3  # the wait was bounded
 
 
 def test_a_failure_caused_by_a_lost_peer_names_the_peer_and_writes_it_beside_the_plan(

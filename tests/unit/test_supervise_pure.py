@@ -363,3 +363,13 @@ def test_failed_rank_reads_every_nodes_summary_and_skips_a_victims_root() -> Non
         assert failed_rank(agent, tails) == (1, 1)
     # with no victim among them, the first node's root cause stands
     assert failed_rank(head + worker, {}) == (0, 1)
+
+
+def test_failed_rank_finds_an_own_exit_listed_behind_a_victims_root_cause() -> None:
+    """Each node's torchrun saw a victim first (ranks 0 and 2, closed connections); rank 3's
+    own `sys.exit(1)` is among the worker's other failures, and ranks SIGTERMed are not it."""
+    closed = [TB, "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer"]
+    tails = tails_of(r0=closed, r1=["step 3"], r2=closed, r3=["probe rank 3 failing as asked"])
+    agent = [*torchrun_summary(root=(0, 1), others=[(1, -15)]),
+             *torchrun_summary(root=(2, 1), others=[(3, 1)])]
+    assert failed_rank(agent, tails) == (3, 1)

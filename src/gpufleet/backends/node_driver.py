@@ -47,6 +47,12 @@ from gpufleet.reportauth import Signer, signer_from_env
 from gpufleet.telemetry import wire
 
 POLL_S = 0.2
+# After a node's own failure, how long the other nodes get to end by themselves before they are
+# signalled: their torchrun prints the summary naming its own failed ranks only once it noticed
+# them, and SIGTERM before that (a busy machine, a second or two) leaves no summary at all, so
+# the job's failure was blamed on the victim that ended first. A peer's death reaches every
+# rank within moments (a closed connection), so the wait ends long before this as a rule.
+PEERS_END_S = 5.0
 STOPPED_EXIT = 143  # the driver's exit after a stop: as a process ended by SIGTERM
 
 
@@ -234,6 +240,17 @@ class NodeDriver:
         raise NotImplementedError
 
     # -- the same for every engine --------------------------------------------------------------
+    def let_peers_end(self, ended: int) -> None:
+        """Poll (printing what the nodes say) until every node ended by itself or PEERS_END_S
+        passed; a node lost meanwhile is left to `end_all`, the job fails either way."""
+        deadline = time.monotonic() + PEERS_END_S
+        while ended < len(self.nodes) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            done, lost = self.poll()
+            if lost:
+                return
+            ended = len(done)
+
     def catch_stop(self) -> None:
         """SIGTERM and SIGINT ask the watch to stop (it ends every node, then exits 143). Ray's
         driver calls it again after connecting: `ray.init` installs a handler of its own."""
@@ -286,6 +303,7 @@ class NodeDriver:
                 i, code = failed
                 self.say(f"node {self.nodes[i]['name']} exited with code {code}; ending the "
                          "other nodes")
+                self.let_peers_end(len(ended))
                 self.end_all(grace_s=10.0)
                 return code
             if len(ended) == len(self.nodes):

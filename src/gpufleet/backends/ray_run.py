@@ -226,6 +226,8 @@ class Driver(NodeDriver):
                 refs.append(a.stop.remote(grace_s))
         with contextlib.suppress(Exception):
             ray.wait(refs, num_returns=len(refs), timeout=grace_s + 15)
+        with contextlib.suppress(Exception):
+            self.poll()  # what the nodes printed while ending (a summary of failed ranks)
         self._untravel()  # while the agents still live
         for a in self.agents:
             with contextlib.suppress(Exception):

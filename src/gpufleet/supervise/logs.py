@@ -21,6 +21,7 @@ from gpufleet.supervise.blame import (
     blame,
     in_summary,
     parse,
+    signalled,
     summary,
 )
 
@@ -226,6 +227,8 @@ def failed_rank(agent_lines: list[str],
     its peer did. So: first a rank whose traceback is not a communication knock-on, then a
     root cause that shows no knock-on (a multi-node job has one per node: a rank that ended
     with `sys.exit(1)` on one node, its peer's "Connection closed by peer" on another), then
+    any rank that exited with a code of its own (not a signal) and shows no knock-on (the
+    `sys.exit(1)` listed among a node's other failures, behind a victim's root cause), then
     torchrun's first root cause, then any rank with a traceback.
     """
     found = summary(agent_lines)
@@ -238,8 +241,9 @@ def failed_rank(agent_lines: list[str],
     with_tb = [r for r, lines in sorted(tails.items(), key=lambda kv: kv[0] or 0)
                if r is not None and any("Traceback" in ln for ln in lines)]
     primary = [r for r in with_tb if not knocked_on(r)]
-    clean_roots = [r for r in found.roots if not knocked_on(r)]
-    rank = (primary[0] if primary else clean_roots[0] if clean_roots else root
+    clean = [r for r in found.roots if not knocked_on(r)] or \
+        [r for r, code in sorted(codes.items()) if not signalled(code) and not knocked_on(r)]
+    rank = (primary[0] if primary else clean[0] if clean else root
             if root is not None else with_tb[0] if with_tb else None)
     return rank, codes.get(rank) if rank is not None else None
 
