@@ -373,3 +373,16 @@ def test_failed_rank_finds_an_own_exit_listed_behind_a_victims_root_cause() -> N
     agent = [*torchrun_summary(root=(0, 1), others=[(1, -15)]),
              *torchrun_summary(root=(2, 1), others=[(3, 1)])]
     assert failed_rank(agent, tails) == (3, 1)
+
+
+def test_failed_rank_finds_a_killed_rank_behind_a_peer_recorded_first() -> None:
+    """Rank 1 was killed with SIGKILL; rank 0 raised on the closed connection and its error
+    file's time made it torchrun's root cause before torchrun noticed rank 1, then torchrun
+    ended it with SIGTERM. Neither exited with a code of its own: the kill is the cause."""
+    closed = [TB, "RuntimeError: Got the following error when running the callback: "
+              "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer"]
+    tails = tails_of(r0=closed, r1=["step 12"])
+    assert failed_rank(torchrun_summary(root=(0, -15), others=[(1, -9)]), tails) == (1, -9)
+    # torchrun's own SIGTERM is no cause: with only victims, its root cause stands
+    assert failed_rank(torchrun_summary(root=(0, -15), others=[(1, -15)]),
+                       tails_of(r0=closed, r1=closed)) == (0, -15)

@@ -219,6 +219,9 @@ _KNOCK_ON = re.compile(r"Connection closed by peer|Connection reset|DistBackendE
                        r"DistNetworkError|Broken pipe|NCCL communicator was aborted", re.IGNORECASE)
 
 
+_TORCHRUNS_SIGTERM = (-15, 143)  # how torchrun ends the other ranks: -N, or a shell's 128+N
+
+
 def failed_rank(agent_lines: list[str],
                 rank_tails: Mapping[int | None, Iterable[str]]) -> tuple[int | None, int | None]:
     """(rank, exit code) of the failure that caused the others.
@@ -229,6 +232,9 @@ def failed_rank(agent_lines: list[str],
     with `sys.exit(1)` on one node, its peer's "Connection closed by peer" on another), then
     any rank that exited with a code of its own (not a signal) and shows no knock-on (the
     `sys.exit(1)` listed among a node's other failures, behind a victim's root cause), then
+    any rank ended by a signal torchrun does not send (SIGKILL from outside, SIGSEGV, SIGABRT;
+    torchrun ends the survivors with SIGTERM) and shows no knock-on (a kill -9 whose peer raised
+    on the closed connection and was recorded, by its timestamp, as torchrun's root cause), then
     torchrun's first root cause, then any rank with a traceback.
     """
     found = summary(agent_lines)
@@ -241,8 +247,10 @@ def failed_rank(agent_lines: list[str],
     with_tb = [r for r, lines in sorted(tails.items(), key=lambda kv: kv[0] or 0)
                if r is not None and any("Traceback" in ln for ln in lines)]
     primary = [r for r in with_tb if not knocked_on(r)]
+    unhurt = [(r, code) for r, code in sorted(codes.items()) if not knocked_on(r)]
     clean = [r for r in found.roots if not knocked_on(r)] or \
-        [r for r, code in sorted(codes.items()) if not signalled(code) and not knocked_on(r)]
+        [r for r, code in unhurt if not signalled(code)] or \
+        [r for r, code in unhurt if signalled(code) and code not in _TORCHRUNS_SIGTERM]
     rank = (primary[0] if primary else clean[0] if clean else root
             if root is not None else with_tb[0] if with_tb else None)
     return rank, codes.get(rank) if rank is not None else None
