@@ -404,6 +404,7 @@ def test_a_warm_job_forks_its_ranks_on_every_ray_node_and_again_after_a_restart(
     assert "warm start off" not in log
     restarting = next(e["reason"] for e in _events(rfleet, "rw") if e["kind"] == "restarting")
     assert restarting.startswith("rank 3 failed (exit code 1)"), restarting
+    assert "failed to shutdown the rendezvous" not in log.split("restart 1:")[-1], log[-3000:]
 
 
 def test_sim_pool_of_16000_gpus_plans_and_reserves_but_never_runs(fleet: Fleet) -> None:

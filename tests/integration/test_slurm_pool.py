@@ -323,6 +323,9 @@ def test_a_warm_job_forks_its_ranks_on_every_node_and_again_after_a_restart(
     assert "warm start off" not in log
     restarting = next(e["reason"] for e in final["events"] if e["kind"] == "restarting")
     assert "rank 1 failed (exit code 1)" in restarting, final["events"]
+    # the successful run's end: the head's launcher, which hosts the rendezvous store, waits
+    # for the other node's agent to close the rendezvous (launch/store_peers.py)
+    assert "failed to shutdown the rendezvous" not in log.split("restart 1:")[-1], log[-3000:]
 
 
 def test_stopping_a_running_job_ends_every_nodes_step_and_cancels_its_allocation(

@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from gpufleet.launch.store_peers import store_port, wait_gone
+
 # torch._dynamo: torch imports it when a script makes its first optimizer (1.1-1.5 s here)
 BASE_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
 FREEZE = "gpufleet.launch.warm_freeze"  # last: what the preloads made, out of the rank's gc
@@ -101,7 +103,7 @@ def main(argv: Sequence[str]) -> None:
         from gpufleet.train.report import send_launcher_note
 
         send_launcher_note("warm_off", why=why)  # the job's events say so too
-        _ended(lambda: torchrun.main(args))
+        _ended(lambda: torchrun.main(args), store_port(args))
     plain = torchrun.config_from_args
     in_place = os.environ.get(warm_restart.RESTART_FILE_VAR)
     if in_place:  # failed workers wait for the supervisor's decision (warm_restart.py)
@@ -119,7 +121,7 @@ def main(argv: Sequence[str]) -> None:
                                        *a.training_script_args]
 
     torchrun.config_from_args = config_from_args
-    _ended(lambda: torchrun.main(["--start-method", "forkserver", *args]))
+    _ended(lambda: torchrun.main(["--start-method", "forkserver", *args]), store_port(args))
 
 
 def _plain_tracebacks() -> None:
@@ -162,14 +164,16 @@ def _exit_zero_is_done() -> None:
     setattr(MultiprocessContext, "_is_done", is_done)  # noqa: B010 - a patch
 
 
-def _ended(launcher: Callable[[], None]) -> NoReturn:
+def _ended(launcher: Callable[[], None], port: int | None) -> NoReturn:
     """Run torchrun's launcher, then end this process as Python would (its exit code, the
     traceback of what ended it) but without the interpreter's teardown: multiprocessing's
     exit step (joining the dead workers through the forkserver) took 0.9 s here after every
     run, a failed one included, which the supervisor would wait for before a restart. Nothing
     needs the join: the workers are gone, and the forkserver and multiprocessing's resource
     tracker end by themselves once this process's end of their pipes closes. Its finalizers
-    do run (they remove the forkserver's socket folder)."""
+    do run (they remove the forkserver's socket folder). A head node whose launcher hosts the
+    rendezvous store (`port`) and succeeded first waits for the other nodes' agents to let go
+    of it (launch/store_peers.py: they close the rendezvous through it as they end)."""
     code = 0
     try:
         launcher()
@@ -182,6 +186,8 @@ def _ended(launcher: Callable[[], None]) -> NoReturn:
     except BaseException:  # what the interpreter's top level would print
         traceback.print_exc()
         code = 1
+    if port is not None and code == 0:
+        wait_gone(port)
     import multiprocessing.util
 
     # multiprocessing's finalizers, without its join of every worker it started: the folder of
