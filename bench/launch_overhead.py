@@ -1,9 +1,10 @@
 """gpufleet's overhead against bare torchrun, on the same script, in one run.
 
 Runs examples/gpt.py in turn under `torchrun --standalone --nproc-per-node=N`, under
-`gpufleet run --gpu cpu --count N` (workers started as fresh processes) and under the same with
-`--warm` (workers forked from a process that has torch imported; launch/warm.py), a fresh
-$GPUFLEET_HOME each time, with the script writing a timestamp per step on rank 0 (`--trace`).
+`gpufleet run --gpu cpu --count N --no-warm` (workers started as fresh processes) and under the
+same with `--warm`, the default (workers forked from a process that has torch imported;
+launch/warm.py), a fresh $GPUFLEET_HOME each time, with the script writing a timestamp per
+step on rank 0 (`--trace`).
 From those it reports, per launcher, the median over repetitions of:
 
 - time to first step: from starting the command to the end of step 1 (process start-up,
@@ -46,7 +47,7 @@ def run_once(launcher: str, workers: int, steps: int, warmup: int, workdir: Path
     else:
         env["GPUFLEET_HOME"] = str(workdir / f"home-{time.monotonic_ns()}")
         argv = [sys.executable, "-m", "gpufleet.cli", "run", "--gpu", "cpu", "--count", str(workers),
-                "--cpu-slots", str(workers), "-y", *(["--warm"] if launcher == "warm" else []),
+                "--cpu-slots", str(workers), "-y", "--warm" if launcher == "warm" else "--no-warm",
                 str(SCRIPT), "--", *script_args]
     start = time.time()
     proc = subprocess.run(argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
@@ -92,8 +93,8 @@ def main() -> None:
           f"python {platform.python_version()}; {args.workers} CPU workers (gloo), "
           f"{args.steps} steps, median of {args.reps}")
     print()
-    print("| measure | bare torchrun | gpufleet run | gpufleet run --warm | run / torchrun "
-          "| --warm / torchrun |")
+    print("| measure | bare torchrun | gpufleet run --no-warm | gpufleet run --warm | "
+          "--no-warm / torchrun | --warm / torchrun |")
     print("|---|---|---|---|---|---|")
     for key, words, fmt in (("first_step_s", "time to first step (s)", ".2f"),
                             ("samples_per_s", "steady samples/s", ".1f"),

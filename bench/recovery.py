@@ -4,10 +4,10 @@ Runs bench/workers/recovery_worker.py (`--ranks` gloo ranks, 2 by default, a sma
 a checkpoint through `gpufleet.train.Checkpointer` every `--every` steps, a wall-clock
 timestamp per step) alternately under
 
-- `gpufleet run WORKER --gpu cpu --count 2 -y --max-restarts 1` (a fresh $GPUFLEET_HOME each
+- `gpufleet run WORKER --gpu cpu --count 2 -y --max-restarts 1 --no-warm` (a fresh $GPUFLEET_HOME each
   time, GPUFLEET_CPU_SLOTS=2): torchrun inside runs with --max-restarts 0, and gpufleet's
   supervisor restarts the group, from the job's checkpoint folder;
-- the same with `--warm` (workers forked from a forkserver with torch imported; a restart is
+- the same with `--warm`, the default (workers forked from a forkserver with torch imported; a restart is
   handed to the launcher that waits with its workers ended, the same forkserver: docs/warm.md);
 - `torchrun --standalone --nproc-per-node RANKS --max-restarts 1 WORKER`: torchrun's agent restarts
   the group itself; the same Checkpointer resumes from $GPUFLEET_CHECKPOINT_DIR (a fresh folder
@@ -115,7 +115,7 @@ def run_once(launcher: str, args: argparse.Namespace, workdir: Path, rep: int) -
         env.update(GPUFLEET_HOME=str(workdir / f"{tag}-home"), GPUFLEET_CPU_SLOTS=str(args.ranks))
         argv = [sys.executable, "-m", "gpufleet.cli", "run", str(WORKER), "--gpu", "cpu",
                 "--count", str(args.ranks), "-y", "--max-restarts", "1", "--name", name,
-                *(["--warm"] if launcher == "warm" else []), "--", *script_args]
+                "--warm" if launcher == "warm" else "--no-warm", "--", *script_args]
     t_death: float | None = None
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=sink,
@@ -244,8 +244,8 @@ def main() -> None:
           f"{args.every} steps, rank 1 SIGKILLed after step {args.kill_after}, median of "
           f"{args.reps}")
     print()
-    print("| measure | bare torchrun | gpufleet run | gpufleet run --warm | run / torchrun | "
-          "--warm / torchrun |")
+    print("| measure | bare torchrun | gpufleet run --no-warm | gpufleet run --warm | "
+          "--no-warm / torchrun | --warm / torchrun |")
     print("|---|---|---|---|---|---|")
     rows = [("death -> resumed: first step done after the restart (s)", "death_to_resumed_s"),
             ("  death -> new rank-0 process started (s)", "death_to_process_s"),

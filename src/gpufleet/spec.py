@@ -324,7 +324,7 @@ class JobSpec(_Spec):
     scale_tolerance: float = 0.1  # a resize losing more samples/$ is reverted (goodput.py)
     keep: bool = False  # keep a cluster made for this job after the job ends
     bootstrap: bool = True  # step reports, health, error records for any script (bootstrap/)
-    warm: bool = False  # workers forked from a process with torch and `preload` imported (warm.py)
+    warm: bool = True  # workers forked from a process with torch and `preload` imported (warm.py)
     preload: Preload = Field(default_factory=list)
     total_steps: int | None = Field(None, ge=1)  # for the ETA; else read from the script's args
     loss_pattern: str | None = None  # a regex whose first group is the loss in a log line

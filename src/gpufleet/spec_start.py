@@ -29,6 +29,6 @@ Preload = Annotated[list[str], BeforeValidator(check_preload)]
 def start_problems(warm: bool, preload: list[str]) -> list[tuple[str, str]]:
     """Rules across the two fields: a preload list only means something to a warm start."""
     if preload and not warm:
-        return [("preload", "modules are preloaded for warm starts only; add --warm (warm: "
-                 "true) or drop --preload")]
+        return [("preload", "modules are preloaded for warm starts only; drop --no-warm "
+                 "(warm: false) or --preload")]
     return []

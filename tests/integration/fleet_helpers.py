@@ -78,7 +78,7 @@ def wait_no_leftovers(home: Path, marker: str | None = None, timeout: float = 10
         time.sleep(0.2)
 
 
-WARM_ALL = "GPUFLEET_TEST_WARM"  # "1": every `run` of the tests starts its workers warm
+WARM_ALL = "GPUFLEET_TEST_WARM"  # "0": every `run` of the tests starts its workers plain
 
 
 def rank_pid(home: Path, rank: int, script: str, timeout: float = 30.0) -> int:
@@ -104,12 +104,12 @@ def rank_pid(home: Path, rank: int, script: str, timeout: float = 30.0) -> int:
 
 
 def warm_if_asked(args: tuple[str, ...]) -> tuple[str, ...]:
-    """`run ARGS` as `run --warm ARGS` when $GPUFLEET_TEST_WARM=1 and the test chose neither
-    (docs/testing.md: the suite's restart tests run warm that way)."""
-    if os.environ.get(WARM_ALL) != "1" or not args or args[0] != "run" or \
+    """`run ARGS` as `run --no-warm ARGS` when $GPUFLEET_TEST_WARM=0 and the test chose neither
+    (docs/testing.md: the suite run with plain process starts, as before warm was the default)."""
+    if os.environ.get(WARM_ALL) != "0" or not args or args[0] != "run" or \
             {"--warm", "--no-warm"} & set(args):
         return args
-    return ("run", "--warm", *args[1:])
+    return ("run", "--no-warm", *args[1:])
 
 
 class Fleet:

@@ -77,7 +77,7 @@ def accel_yaml(cmd: NodeCommand) -> dict[str, Any]:
 
 def test_torchrun_fsdp_env_carries_the_layout() -> None:
     cmd = node("torchrun", strategy="fsdp", precision="bf16-mixed")
-    assert cmd.argv[:3] == [PY, "-m", "torch.distributed.run"]
+    assert cmd.argv[:4] == [PY, "-m", "gpufleet.launch.warm", "--"]  # warm by default
     assert flag(cmd.argv, "--nproc-per-node") == "2"
     assert cmd.env["GPUFLEET_STRATEGY"] == "fsdp"
     assert cmd.env["GPUFLEET_DATA_PARALLEL"] == "fsdp"
@@ -142,7 +142,7 @@ def test_layout_env_is_from_the_layout_passed_not_the_spec() -> None:
 
 def test_deepspeed_runs_torchrun_with_a_config_in_the_job_folder() -> None:
     cmd = node("deepspeed", strategy="zero2", args=["--steps", "3"])
-    assert cmd.argv[:3] == [PY, "-m", "torch.distributed.run"]
+    assert cmd.argv[:4] == [PY, "-m", "gpufleet.launch.warm", "--"]  # torchrun's own, warm
     assert "--standalone" in cmd.argv
     assert flag(cmd.argv, "--nproc-per-node") == "2"
     assert cmd.argv[-3:] == ["train.py", "--steps", "3"]

@@ -27,7 +27,7 @@ def flag(argv: list[str], name: str) -> str:
 
 
 def test_argv_is_a_list_that_runs_torchrun() -> None:
-    cmd = build_torchrun(JobSpec(script="train.py"), cpu_placement(2), ctx())
+    cmd = build_torchrun(JobSpec(script="train.py", warm=False), cpu_placement(2), ctx())
     assert isinstance(cmd.argv, list)
     assert all(isinstance(a, str) for a in cmd.argv)
     assert cmd.argv[:3] == ["/venv/bin/python", "-m", "torch.distributed.run"]

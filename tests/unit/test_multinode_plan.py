@@ -88,7 +88,7 @@ def test_each_node_runs_torchrun_with_its_rank_in_one_rendezvous() -> None:
     nodes = make_plan(addresses=(HEAD, WORKER, "10.0.0.3"))["nodes"]
     for i, n in enumerate(nodes):
         argv = n["argv"]
-        assert argv[:3] == ["{python}", "-m", "torch.distributed.run"]
+        assert argv[:4] == ["{python}", "-m", "gpufleet.launch.warm", "--"]  # torchrun's own
         assert "--standalone" not in argv
         assert flag(argv, "--nnodes") == "3"
         assert "--node-rank" not in argv  # c10d ranks nodes as they join
@@ -196,7 +196,7 @@ def test_other_frameworks_do_not_run_on_several_nodes(framework: str) -> None:
 
 def test_build_without_rendezvous_is_standalone() -> None:
     placements, _ = cluster()
-    spec = JobSpec(script="train.py")
+    spec = JobSpec(script="train.py", warm=False)
     cmd = build(spec, spec.layout(2), placements[0], ctx())
     assert cmd.argv[:6] == [PY, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
     assert "--rdzv-endpoint" not in cmd.argv
@@ -204,7 +204,7 @@ def test_build_without_rendezvous_is_standalone() -> None:
 
 def test_build_with_rendezvous() -> None:
     placements, _ = cluster()
-    spec = JobSpec(script="train.py", args=["--lr", "3e-4"])
+    spec = JobSpec(script="train.py", args=["--lr", "3e-4"], warm=False)
     rdzv = Rendezvous(nnodes=2, node_rank=1, endpoint="head:1234", run_id="r1", local_addr=WORKER)
     cmd = build(spec, spec.layout(4), placements[1], ctx(), port=1234, rdzv=rdzv)
     assert cmd.argv[3:15] == ["--nnodes", "2", "--rdzv-backend", "c10d",

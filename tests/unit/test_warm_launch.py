@@ -22,8 +22,8 @@ def argv(framework: str = "torchrun", **fields: Any) -> list[str]:
 
 
 def test_warm_wraps_torchruns_own_arguments_and_plain_stays_torchrun() -> None:
-    plain = argv()
-    warm = argv(warm=True)
+    plain = argv(warm=False)
+    warm = argv()  # the default
     assert plain[:3] == [PY, "-m", "torch.distributed.run"]
     assert warm[:4] == [PY, "-m", "gpufleet.launch.warm", "--"]
     assert warm[4:] == plain[3:]  # the same torchrun arguments, script and its arguments
@@ -46,11 +46,13 @@ def test_preload_takes_a_list_or_commas_and_refuses_what_is_not_a_module_name() 
     assert JobSpec(script="t.py", preload="transformers, datasets,transformers").preload == [
         "transformers", "datasets"]
     assert JobSpec(script="t.py", preload=["a.b_c"]).preload == ["a.b_c"]
-    assert JobSpec(script="t.py").preload == [] and JobSpec(script="t.py").warm is False
+    assert JobSpec(script="t.py").preload == [] and JobSpec(script="t.py").warm is True
+    assert JobSpec.parse({"script": "t.py", "preload": "transformers"}).preload == [
+        "transformers"]  # warm by default
     with pytest.raises(SpecError) as err:
-        JobSpec.parse({"script": "t.py", "preload": "transformers"})
-    assert err.value.problems == [("preload", "modules are preloaded for warm starts only; add "
-                                   "--warm (warm: true) or drop --preload")]
+        JobSpec.parse({"script": "t.py", "warm": False, "preload": "transformers"})
+    assert err.value.problems == [("preload", "modules are preloaded for warm starts only; drop "
+                                   "--no-warm (warm: false) or --preload")]
     with pytest.raises(SpecError) as err:
         JobSpec.parse({"script": "t.py", "warm": True, "preload": "torch,1x"})
     assert err.value.problems == [("preload", "'1x' is not a module name: use importable names "

@@ -78,11 +78,12 @@ TotalSteps = Annotated[int | None, typer.Option(
 LossPattern = Annotated[str | None, typer.Option(
     "--loss-pattern", help="Regex whose first group is the loss in the script's log lines."
     + default("'loss 2.31', 'loss: 2.31', {'loss': 2.31}"))]
-WarmOpt = Annotated[bool, typer.Option(
+WarmOpt = Annotated[bool | None, typer.Option(
     "--warm/--no-warm", help="Fork the workers from a process that has torch imported (torchrun "
-    "and deepspeed): no import per worker at each start and restart.")]
+    "and deepspeed): no import per worker at each start and restart. --no-warm starts each "
+    "worker as a fresh Python process." + default("warm"))]
 PreloadOpt = Annotated[str | None, typer.Option(
-    "--preload", help="With --warm: more modules imported once before the workers fork, comma "
+    "--preload", help="More modules imported once before the warm workers fork, comma "
     "separated, e.g. transformers,datasets.")]
 BootstrapOpt = Annotated[bool, typer.Option(
     "--bootstrap/--no-bootstrap", help="Count optimizer steps and record errors in every "
