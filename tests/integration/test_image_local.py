@@ -32,6 +32,26 @@ def containers(job: str) -> list[str]:
                           capture_output=True, text=True, timeout=120, check=True)
     return done.stdout.split("\n")[:-1]
 
+def ranks_of(script: str) -> list[psutil.Process]:
+    """The worker processes of `script`: plain ones by their command line (not a launcher's),
+    warm ones (forked from the forkserver: docs/warm.md) by the name each gives its process,
+    below the launcher."""
+    from gpufleet.launch.warm_rank import rank_in_name
+
+    found: dict[int, psutil.Process] = {}
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if script not in cmd:
+            continue
+        with contextlib.suppress(psutil.Error):
+            if "gpufleet.launch.warm" in cmd:
+                found.update({c.pid: c for c in p.children(recursive=True)
+                              if rank_in_name(c.name(), "RANK") is not None})
+            elif "torch.distributed.run" not in cmd:
+                found[p.pid] = p
+    return list(found.values())
+
+
 def wait_until(what: str, done: object, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -65,12 +85,10 @@ def test_a_killed_supervisor_leaves_no_container(fleet: Fleet) -> None:
     with contextlib.closing(sqlite3.connect(f"file:{fleet.home / 'state.db'}?mode=ro",
                                             uri=True)) as db:
         (pid,), = db.execute("select supervisor_pid from jobs where name = 'nap'").fetchall()
-    workers = [p for p in psutil.process_iter(["cmdline"])
-               if NAPPER in " ".join(p.info["cmdline"] or [])
-               and "torch.distributed.run" not in " ".join(p.info["cmdline"] or [])]
-    assert len(workers) == 2
+    workers = ranks_of(NAPPER)
+    assert len(workers) == 2, workers
     # the workers are the image's interpreter (host pids: --pid host), not this checkout's
-    assert {w.info["cmdline"][0] for w in workers} == {"/usr/bin/python3"}
+    assert {w.cmdline()[0] for w in workers} == {"/usr/bin/python3"}
     psutil.Process(pid).send_signal(signal.SIGKILL)
     wait_until("the job's container removed after its supervisor was killed",
                lambda: containers("nap") == [], GONE_WITHIN_S)

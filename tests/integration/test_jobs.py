@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -13,7 +14,16 @@ from typing import Any
 
 import psutil
 import pytest
-from fleet_helpers import CLI, EXAMPLES, WORKERS, Fleet, error_lines, wait_no_leftovers
+from fleet_helpers import (
+    CLI,
+    EXAMPLES,
+    WARM_MARK,
+    WORKERS,
+    Fleet,
+    error_lines,
+    leftovers,
+    wait_no_leftovers,
+)
 from terminal import PtyProcess, screen
 
 SLEEPER = str(WORKERS / "sleeper.py")
@@ -28,10 +38,20 @@ GPT_ARGS = ["--steps", "20", "--batch-size", "16", "--seq-len", "32", "--dim", "
 
 
 def workers(home: Path, script: str) -> list[str]:
-    """Worker processes of `script` under `home` (not the CLI or torchrun, whose command lines
-    also name the script)."""
-    return [cmd for cmd in wait_no_leftovers(home, script, timeout=0)
-            if "gpufleet.cli" not in cmd and "torch.distributed.run" not in cmd]
+    """Worker processes of `script` under `home`: plain ones by their command line (not the
+    CLI's or a launcher's, which also name the script), warm ones (forked: docs/warm.md) by
+    the name each gives its process (not their forkserver's)."""
+    from gpufleet.launch.warm_rank import rank_in_name
+
+    out = []
+    for p in leftovers(home, script):
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(p.cmdline())
+            if rank_in_name(p.name(), "RANK") is not None or not any(
+                    m in cmd for m in ("gpufleet.cli", "torch.distributed.run",
+                                       "gpufleet.launch.warm", WARM_MARK)):
+                out.append(cmd)
+    return out
 
 
 def end(proc: subprocess.Popen[str]) -> None:

@@ -162,7 +162,7 @@ def test_dry_run_prints_the_sbatch_the_srun_steps_and_each_nodes_torchrun(sfleet
         assert part in sbatch, sbatch
     steps = [ln for ln in out.splitlines() if ln.startswith("srun ")]
     assert len(steps) == 2 and all("--overlap" in s for s in steps), out
-    assert out.count("torch.distributed.run --nnodes 2") == 2, out
+    assert out.count("-m gpufleet.launch.warm -- --nnodes 2") == 2, out  # torchrun's own, warm
     assert _squeue() == []  # a dry run submits nothing
 
 

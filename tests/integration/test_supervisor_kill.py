@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fleet_helpers import WORKERS, Fleet, leftovers, wait_no_leftovers
+from fleet_helpers import WARM_MARK, WORKERS, Fleet, leftovers, wait_no_leftovers
 
 from gpufleet.launch.warm_rank import rank_in_name
 
@@ -39,7 +39,8 @@ def supervisor_of(fleet: Fleet, job: str) -> psutil.Process:
 def job_procs(sup: psutil.Process) -> dict[str, list[psutil.Process]]:
     """The processes below a supervisor by role: keeper, torchrun, worker (cheap enough to
     look every 0.1 s; after a kill, `left_of` looks at every process)."""
-    roles: dict[str, list[psutil.Process]] = {"keeper": [], "torchrun": [], "worker": []}
+    roles: dict[str, list[psutil.Process]] = {"keeper": [], "torchrun": [], "forkserver": [],
+                                              "worker": []}
     try:
         below = sup.children(recursive=True)
     except psutil.Error:
@@ -47,11 +48,13 @@ def job_procs(sup: psutil.Process) -> dict[str, list[psutil.Process]]:
     for c in below:
         try:
             cmd = " ".join(c.cmdline())
-            if rank_in_name(c.name(), "RANK") is not None:  # a warm rank, forked (--warm)
-                cmd += " napper.py"
+            if rank_in_name(c.name(), "RANK") is not None:  # a warm rank, forked (the default)
+                roles["worker"].append(c)
+                continue
         except psutil.Error:
             continue
-        for role, marks in (("keeper", ("keeper.py",)),
+        for role, marks in (("forkserver", (WARM_MARK,)),  # its preloads name gpufleet.launch
+                            ("keeper", ("keeper.py",)),
                             ("torchrun", ("torch.distributed.run", "gpufleet.launch.warm")),
                             ("worker", ("napper.py",))):
             if any(m in cmd for m in marks):  # the first that matches: a keeper's holds torchrun's

@@ -56,7 +56,7 @@ def _ranks_sampled(home: Path, job: str) -> set[int]:
 def test_warm_workers_run_the_script_as_a_fresh_start_would_with_torch_loaded(
         fleet: Fleet) -> None:
     warm, warm_loss = _probe(fleet, "warm", "--warm")
-    plain, plain_loss = _probe(fleet, "plain")
+    plain, plain_loss = _probe(fleet, "plain", "--no-warm")
     for rank in (0, 1):
         assert warm[rank][0] == "True" and plain[rank][0] == "False"  # torch there already
         assert warm[rank][4] == "True" and plain[rank][4] == "False"  # forked from the server
@@ -142,7 +142,7 @@ def test_warm_workers_in_an_image_use_the_images_torch(fleet: Fleet) -> None:
     image = image_or_skip()
     lines, loss = _probe(fleet, "inimage", "--warm", "--image", image)
     assert all(v[0] == "True" and v[4] == "True" for v in lines.values()), lines
-    _plain, plain_loss = _probe(fleet, "bare")  # the same wheel of torch on this host
+    _plain, plain_loss = _probe(fleet, "bare", "--no-warm")  # the same wheel of torch on this host
     assert loss == plain_loss
 
 
@@ -181,7 +181,7 @@ def test_a_warm_job_restarts_inside_its_running_launcher_as_a_plain_one_restarts
     forkserver), with the run's number in the ranks' environment and torch's restart count
     counting; the job's events and its final loss are those of the same job started plain."""
     warm, warm_log = _restarted(fleet, "inplace", "--warm")
-    plain, plain_log = _restarted(fleet, "fresh")
+    plain, plain_log = _restarted(fleet, "fresh", "--no-warm")
     runs = {(int(r), int(k)): (int(c), int(pp)) for r, k, c, _pid, pp in
             RUN_LINE.findall(warm_log)}
     assert set(runs) == {(r, k) for r in (1, 2, 3, 4) for k in (0, 1)}, warm_log[-3000:]

@@ -261,6 +261,23 @@ def test_a_nodes_summary_scrolled_out_of_the_agents_tail_still_names_the_cause(
     assert (tail.rank, tail.rank_code) == (1, 1)
 
 
+def test_a_lost_nodes_line_outlives_the_survivors_last_words(tmp_path: Path) -> None:
+    """The driver names the lost node, then drains what the survivors printed as they ended
+    (their torchrun's traceback and summary): the NodeLostError line is still the run's."""
+    from gpufleet.backends.exits import NODE_LOST_EXIT, lost_line
+
+    sink = LogSink(tmp_path, world_size=2)
+    lost = "NodeLostError: node worker1 (10.0.0.2) left the Ray cluster mid-job"
+    sink.write(lost + "\n")
+    for i in range(TAIL_LINES * 3):
+        sink.write(f'[head]:   File "api.py", line {i}, in run\n')
+    assert lost not in sink.tail(None)  # scrolled out of the agent's tail
+    assert lost_line(NODE_LOST_EXIT, sink.agent_lines()) == lost
+    sink.new_run("restart 1")
+    assert lost_line(NODE_LOST_EXIT, sink.agent_lines()) is None  # the next run's own
+    sink.close()
+
+
 # ---------------------------------------------------------------- the comm rule
 
 JOB = Inputs(now=1000.0, status="failed", started_at=900.0, last_report_at=990.0, step=3,

@@ -118,6 +118,9 @@ class LogSink:
         self.tails: dict[int | None, RankTail] = {}
         # torchrun's failure summaries of this run (every node's), which outgrow the agent's tail
         self.summaries: deque[str] = deque(maxlen=SUMMARY_LINES)
+        # a node driver's `NodeLostError: ...` of this run, which the nodes' last words (their
+        # torchrun's summaries, drained as they end) can push out of the agent's tail
+        self.lost: str | None = None
         for rank in range(world_size):  # a rank that never prints still has a (empty) log
             self._file(rank)
 
@@ -128,6 +131,8 @@ class LogSink:
         self.tails.setdefault(rank, RankTail()).append(text.rstrip("\n"))
         if rank is None and in_summary(text):
             self.summaries.append(text.rstrip("\n"))
+        if rank is None and text.startswith("NodeLostError"):
+            self.lost = text.rstrip("\n")
         return rank, text
 
     def _file(self, rank: int | None) -> IO[str]:
@@ -151,9 +156,15 @@ class LogSink:
             f.write(line)
         self.tails.clear()
         self.summaries.clear()
+        self.lost = None
 
     def tail(self, rank: int | None) -> list[str]:
         return list(self.tails.get(rank, ()))
+
+    def agent_lines(self) -> list[str]:
+        """The agent's recent lines, after this run's NodeLostError line however far back it
+        is (backends' `node_lost` looks for it)."""
+        return [*([self.lost] if self.lost else []), *self.tail(None)]
 
     def failure_tail(self) -> tuple[int | None, int | None, list[str]]:
         """(the rank that failed first, its exit code, its last 8 lines: the agent's when no

@@ -285,7 +285,7 @@ class Supervisor:
         if code == 0 or run.sink is None:
             self.feed(ev.WorkersExited(code))
             return
-        agent = run.sink.tail(None)
+        agent = run.sink.agent_lines()
         lost = run.backend.node_lost(code, agent)
         if lost is not None:  # a node went away: its peers' errors are knock-on effects
             self.feed(ev.WorkersExited(code, None, None, lost, "\n".join(agent[-8:]),
