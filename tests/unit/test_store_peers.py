@@ -50,3 +50,16 @@ def test_an_unreadable_table_never_holds_the_launcher() -> None:
         raise OSError("no /proc")
 
     assert wait_gone(1, look=broken) == 0
+
+
+def test_a_store_on_both_families_knows_its_own_ipv4_client() -> None:
+    """The store accepted this process's IPv4 client on an IPv6 socket (tcp6, mapped address):
+    still its own client, not a peer to wait for."""
+    tcp = parse(TABLE.splitlines()[0] + "\n"
+                "   1: 0100007F:9001 0100007F:733C 01 00000000:00000000 00:00000000 00000000"
+                "     0        0 101 1\n")
+    tcp6 = parse(TABLE.splitlines()[0] + "\n"
+                 "   0: 0000000000000000FFFF00000100007F:733C 0000000000000000FFFF00000100007F:9001"
+                 " 01 00000000:00000000 00:00000000 00000000     0        0 102 1\n")
+    assert tcp6[0].remote == ("0100007F", 0x9001)
+    assert peers([*tcp, *tcp6], 29500, {101, 102}) == []

@@ -32,15 +32,23 @@ class Conn:
     inode: int
 
 
+_MAPPED = "0000000000000000FFFF0000"  # an IPv4 address in tcp6, as the kernel writes it
+
+
 def parse(text: str) -> list[Conn]:
-    """The connections of one /proc/net/tcp or tcp6 table (pure)."""
+    """The connections of one /proc/net/tcp or tcp6 table (pure). An IPv4-mapped address of
+    tcp6 is written as tcp's, so a store listening on both families still matches this
+    process's own IPv4 client to the socket it accepted."""
+    def endpoint(field: str) -> tuple[str, int]:
+        addr, port = field.rsplit(":", 1)
+        return (addr[len(_MAPPED):] if addr.upper().startswith(_MAPPED) else addr, int(port, 16))
+
     out = []
     for line in text.splitlines()[1:]:
         f = line.split()
         if len(f) < 10:
             continue
-        (la, lp), (ra, rp) = (x.rsplit(":", 1) for x in (f[1], f[2]))
-        out.append(Conn((la, int(lp, 16)), (ra, int(rp, 16)), f[3] == ESTABLISHED, int(f[9])))
+        out.append(Conn(endpoint(f[1]), endpoint(f[2]), f[3] == ESTABLISHED, int(f[9])))
     return out
 
 
