@@ -161,6 +161,35 @@ def test_cleanup_exit_keeps_output_and_failures(tmp_path: Path, tail: str, code:
         assert "RuntimeError: late" in proc.stderr
 
 
+def test_cleanup_keeps_the_groups_a_freed_model_would_destroy(tmp_path: Path) -> None:
+    """A DDP model freed after cleanup() (at the script's `main()` return, as examples/mlp.py's)
+    no longer frees its gloo group: that destructor, run holding the GIL, waited forever for
+    gloo's thread, itself waiting for the GIL to free the barrier's work (it holds the last
+    all-reduce of a tensor Python had seen): a rank that never ended after its last line, 1 run
+    in 8 on a loaded machine. The group lives until the process ends through os._exit."""
+    script = tmp_path / "w.py"
+    script.write_text(
+        "import gc, weakref\nimport torch\nimport torch.distributed as dist\n"
+        "from gpufleet import train\n"
+        "def main():\n"
+        "    train.setup(verify=False)\n"
+        "    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))\n"
+        "    model(torch.randn(2, 4)).sum().backward()\n"
+        "    group = weakref.ref(dist.group.WORLD)\n"
+        "    train.cleanup()\n"
+        "    return group\n"
+        "group = main()\n"  # the model and its reducer are freed with main's frame
+        "gc.collect()\n"
+        "print('group kept' if group() is not None else 'group freed', flush=True)\n")
+    # warm ranks, gpufleet's default, where it hung (under bare torchrun something of torch's
+    # own still held the group here, so the model's end did not free it)
+    proc = subprocess.run([sys.executable, "-m", "gpufleet.launch.warm", "--", "--standalone",
+                           "--nproc-per-node", "2", str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("group kept") == 2, proc.stdout
+
+
 def test_pipeline_stages_keep_every_optimizer_group(tmp_path: Path) -> None:
     out = torchrun(2, "pp_groups.py", str(tmp_path / "ckpt"))
     # both ranks print; their lines can interleave, so find each flat JSON object

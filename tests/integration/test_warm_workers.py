@@ -12,8 +12,11 @@ that says why; a bad `--preload` is one line, exit 2.
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from fleet_helpers import WORKERS, Fleet, error_lines, wait_no_leftovers
 from images import image_or_skip
 
 from gpufleet.launch import warm_restart
+from gpufleet.supervise.blame import summary
 
 PROBE = str(WORKERS / "warm_probe.py")
 PLAIN = str(WORKERS / "plain_ddp.py")
@@ -245,3 +249,19 @@ def test_a_warm_rank_that_ends_with_os_exit_zero_ends_the_job(fleet: Fleet) -> N
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert fleet.status("hard")["status"] == "succeeded"
     assert fleet.ok("logs", "hard").stdout.count("exits_hard rank") == 2
+
+
+def test_every_rank_that_failed_before_the_agent_looked_is_in_the_summary() -> None:
+    """torch's function-worker path listed only the first failed rank its poll found: a rank
+    killed with SIGKILL whose peer failed in the same poll was missing, and the job was blamed
+    on the peer's knock-on (5 runs in 10 of a kill -9 at step 5 next to two CPU burners). A
+    5 s agent poll puts both ends inside one poll here; torchrun's subprocess path lists both."""
+    proc = subprocess.run([sys.executable, "-m", "gpufleet.launch.warm", "--", "--standalone",
+                           "--nproc-per-node", "2", "--monitor-interval", "5",
+                           str(WORKERS / "killed_peer.py")], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    found = summary(proc.stderr.splitlines())
+    # a poll between the two ends (a window of moments in 5 s) would list rank 1 alone
+    assert found.codes.get(1) == -9, proc.stderr[-3000:]
+    assert found.codes.get(0, 3) == 3, proc.stderr[-3000:]

@@ -94,6 +94,7 @@ def main(argv: Sequence[str]) -> None:
 
     _plain_tracebacks()
     _exit_zero_is_done()
+    _every_failure()
 
     from gpufleet.launch import warm_rank, warm_restart
 
@@ -162,6 +163,46 @@ def _exit_zero_is_done() -> None:
         return bool(done(self))
 
     setattr(MultiprocessContext, "_is_done", is_done)  # noqa: B010 - a patch
+
+
+def _every_failure() -> None:
+    """torch's function-worker path reports one failed worker, the first its poll finds (in
+    rank order), where plain torchrun's subprocess path lists every worker that had failed by
+    then. A rank killed with SIGKILL was then left out whenever its peer, failing on the closed
+    connection, was found in the same poll: the job was blamed on the peer's knock-on ('rank 0
+    failed: Connection reset by peer', 5 of 10 runs next to two CPU burners here, and in CI).
+    Here every worker that had ended with a failure before torch ends the others (its `close`)
+    is added to the result, with its exit code and error file, as the subprocess path would."""
+    from typing import Any
+
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext, ProcessFailure
+
+    poll = MultiprocessContext._poll
+
+    def every_failure(self: Any) -> Any:
+        ended: dict[int, tuple[int, int]] = {}
+        close = self.close
+
+        def close_after_looking(*args: Any, **kwargs: Any) -> Any:
+            for i, proc in enumerate(self._pc.processes if self._pc is not None else ()):
+                code = proc.exitcode  # None while it runs: the ones close() is about to end
+                if code:
+                    ended[i] = (proc.pid, code)
+            return close(*args, **kwargs)
+
+        self.close = close_after_looking
+        try:
+            result = poll(self)
+        finally:
+            del self.close
+        if result is not None and result.failures:
+            for i, (pid, code) in ended.items():
+                if i not in result.failures:
+                    result.failures[i] = ProcessFailure(local_rank=i, pid=pid, exitcode=code,
+                                                        error_file=self.error_files[i])
+        return result
+
+    setattr(MultiprocessContext, "_poll", every_failure)  # noqa: B010 - a patch
 
 
 def _ended(launcher: Callable[[], None], port: int | None) -> NoReturn:
