@@ -12,8 +12,10 @@ that says why; a bad `--preload` is one line, exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -150,15 +152,20 @@ def test_warm_workers_in_an_image_use_the_images_torch(fleet: Fleet) -> None:
     assert loss == plain_loss
 
 
+@pytest.mark.parametrize("where", ["at-end", "in-main"])
 def test_a_rank_whose_gloo_group_is_freed_while_a_collective_waits_for_the_gil_ends(
-        fleet: Fleet, tmp_path: Path) -> None:
-    """A warm rank frees nothing the script left (the DDP model, its gloo group) before it
-    ends, so the gloo thread that waits for the GIL to free the last collective never meets
-    the group's destructor waiting for it (a hang on a loaded machine, forced here), and the
-    files the script left open are written out as at a fresh interpreter's end."""
+        fleet: Fleet, tmp_path: Path, where: str) -> None:
+    """A warm rank frees no gloo group before it ends, so the gloo thread that waits for the
+    GIL to free the last collective never meets the group's destructor waiting for it (a hang
+    on a loaded machine, forced here): not what the script left at its end (`at-end`), nor the
+    group of a model freed when the script's `main()` returns after `destroy_process_group()`
+    (`in-main`, the PyTorch DDP tutorial's pattern: it hung 3 runs of 3 before the launcher kept
+    the groups a script leaves). The files the script left open are written out as at a fresh
+    interpreter's end."""
     left = tmp_path / "left-open"
     done = fleet("run", "--gpu", "cpu", "--count", "2", "--name", "gil", "-y", "--warm",
-                 str(WORKERS / "gil_held_at_exit.py"), "--", str(left), timeout=RUN_TIMEOUT)
+                 str(WORKERS / "gil_held_at_exit.py"), "--", str(left), where,
+                 timeout=RUN_TIMEOUT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert fleet.status("gil")["status"] == "succeeded"
     for rank in (0, 1):
@@ -265,3 +272,46 @@ def test_every_rank_that_failed_before_the_agent_looked_is_in_the_summary() -> N
     # a poll between the two ends (a window of moments in 5 s) would list rank 1 alone
     assert found.codes.get(1) == -9, proc.stderr[-3000:]
     assert found.codes.get(0, 3) == 3, proc.stderr[-3000:]
+
+
+def test_a_second_stop_signal_does_not_cut_the_workers_end_short(tmp_path: Path) -> None:
+    """A stop sends the launcher more than one SIGTERM (gpufleet's to every process below the
+    keeper, and in an image podman's proxy of it). torch raised on each: the second one ended
+    the launcher in the middle of its shutdown, before its workers had ended and before what
+    they printed on the way out was copied to its output (a job's log lost the worker's
+    'SIGTERM, ending' line in CI). Three signals here; the workers take 3 s to end on SIGTERM,
+    and their line after those 3 s is in the launcher's output: it waited for them. They end
+    by themselves (exit 0), not by torch's SIGKILL 30 s after the SIGTERM: a function worker
+    that exits 0 used to wait for the agent's word that it had read its result, which an
+    agent ending the group never gave."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet.launch.warm", "--", "--standalone", "--nproc-per-node",
+         "2", "--log-dir", str(tmp_path / "logs"), "--tee", "3",
+         str(WORKERS / "napper.py"), "--slow-term", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.stdout is not None
+    lines: list[str] = []
+    tree: list[psutil.Process] = []
+    try:
+        for line in proc.stdout:  # until both ranks have started (their SIGTERM handler is set)
+            lines.append(line)
+            if sum("napper rank" in x and "started" in x for x in lines) == 2:
+                break
+        launcher = psutil.Process(proc.pid)
+        tree = [launcher, *launcher.children(recursive=True)]  # forkserver and ranks too
+        for _ in range(3):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.05)
+        proc.wait(timeout=RUN_TIMEOUT)
+    finally:  # whatever is left of its tree (a rank of a launcher that did not wait for it)
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(tree, timeout=10)
+        proc.kill()
+        proc.wait()
+    out = proc.stdout.read()  # every writer has ended: no wait
+    text = "".join(lines) + out
+    assert text.count("napper: ended after SIGTERM") == 2, text[-3000:]
+    assert "Unable to shutdown process" not in text, text[-3000:]

@@ -72,3 +72,16 @@ def when_imported(name: str, callback: Callback) -> None:
     _FINDER.watched[name] = callback
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
+
+
+def rebind(name: str, inner: object, wrapper: object) -> None:
+    """Put `wrapper` in place of `inner` in every loaded module that binds it as `name`: the
+    defining module and those that re-export it (imported before the bootstrap was armed, as in
+    a warm rank's forkserver), or `from torch.distributed import NAME` would call around it.
+    By name, one lookup per module (about 2,000 with torch): every binding of every module
+    would take a rank's start tens of milliseconds."""
+    for loaded in list(sys.modules.values()):
+        # its __dict__, not getattr: a module's own __getattr__ may import things
+        names = getattr(loaded, "__dict__", None)
+        if isinstance(names, dict) and names.get(name) is inner:
+            setattr(loaded, name, wrapper)

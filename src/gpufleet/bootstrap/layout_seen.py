@@ -47,7 +47,6 @@ def _wrap_call(module: ModuleType, name: str, label: str) -> None:
     imported them) get the wrapper too, or `from torch.distributed.fsdp import fully_shard`
     would call around it."""
     import functools
-    import sys
 
     inner = getattr(module, name, None)
     if inner is None:
@@ -58,11 +57,7 @@ def _wrap_call(module: ModuleType, name: str, label: str) -> None:
         _BUILT.add(label)
         return inner(*args, **kwargs)
 
-    for loaded in list(sys.modules.values()):
-        # its __dict__, not getattr: a module's own __getattr__ may import things
-        names = getattr(loaded, "__dict__", None)
-        if isinstance(names, dict) and names.get(name) is inner:
-            setattr(loaded, name, wrapper)
+    importwatch.rebind(name, inner, wrapper)
 
 
 def _on_fully_shard(module: ModuleType) -> None:

@@ -32,7 +32,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gpufleet.launch.store_peers import store_port, wait_gone
 
@@ -81,7 +81,6 @@ def main(argv: Sequence[str]) -> None:
     the workers made functions forked from the warm forkserver."""
     import multiprocessing
     import multiprocessing.forkserver
-    from typing import Any
 
     preload, args = split(argv)
     # the forkserver starts now and imports torch while this process imports it too: on a
@@ -95,6 +94,8 @@ def main(argv: Sequence[str]) -> None:
     _plain_tracebacks()
     _exit_zero_is_done()
     _every_failure()
+    _one_stop_signal()
+    _closing_lets_workers_leave()
 
     from gpufleet.launch import warm_rank, warm_restart
 
@@ -148,7 +149,6 @@ def _exit_zero_is_done() -> None:
     that way) never sends one, and torch's agent then waited for it forever with no worker
     left. Here a worker that exited 0 with nothing in its queue counts as done, returning None,
     as a script's exit 0 does under plain torchrun."""
-    from typing import Any
 
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 
@@ -173,7 +173,6 @@ def _every_failure() -> None:
     failed: Connection reset by peer', 5 of 10 runs next to two CPU burners here, and in CI).
     Here every worker that had ended with a failure before torch ends the others (its `close`)
     is added to the result, with its exit code and error file, as the subprocess path would."""
-    from typing import Any
 
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext, ProcessFailure
 
@@ -203,6 +202,48 @@ def _every_failure() -> None:
         return result
 
     setattr(MultiprocessContext, "_poll", every_failure)  # noqa: B010 - a patch
+
+
+def _one_stop_signal() -> None:
+    """The first SIGTERM (or SIGINT, SIGHUP, SIGQUIT) starts torch's orderly shutdown: the
+    workers are sent the signal, given their time to end, and what they print meanwhile is
+    copied to this launcher's output until the copying threads are stopped. torch raises again
+    on every later signal, and a stop does send several: gpufleet's to every process below
+    the keeper and, in an image, podman's proxy of it to the container's first process. The
+    second one cut the shutdown short: the launcher ended at once, its workers' last lines
+    (a checkpoint saved on SIGTERM, say) never reached the job's log, and nobody waited for
+    the workers it had just signalled. Here the later signals are let go; the shutdown the
+    first began goes on, and SIGKILL, after the stop's grace, still ends it."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    first = api._terminate_process_handler
+    seen: list[int] = []
+
+    def once(signum: int, frame: Any) -> None:
+        if not seen:
+            seen.append(signum)
+            first(signum, frame)
+
+    setattr(api, "_terminate_process_handler", once)  # noqa: B010 - a patch
+
+
+def _closing_lets_workers_leave() -> None:
+    """A function worker whose script ends with exit 0 puts its result in a queue and then
+    waits until torch's agent says it has read them all, which the agent says only while it
+    polls a running group. While it ends the group (a stop: SIGTERM to every worker, then a
+    wait of up to 30 s), it never says it, so a script that saved its checkpoint on SIGTERM
+    and exited 0 waited out the 30 s and was killed with SIGKILL (seen here; a plain worker
+    simply ends). Here the agent says so as it starts ending the group: nothing reads the
+    results after that."""
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    close = MultiprocessContext._close
+
+    def closing(self: Any, death_sig: Any, timeout: int = 30) -> None:
+        self._worker_finished_event.set()
+        close(self, death_sig, timeout)
+
+    setattr(MultiprocessContext, "_close", closing)  # noqa: B010 - a patch
 
 
 def _ended(launcher: Callable[[], None], port: int | None) -> NoReturn:

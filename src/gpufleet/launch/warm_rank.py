@@ -62,6 +62,7 @@ def run(script: str, as_module: str, *args: str) -> None:
     os.environ.update(rank_env(os.environ))
     _name_process()
     _arm_bootstrap()
+    _keep_left_groups()
     multiprocessing.util.Finalize(None, _at_exit, exitpriority=100)
     sys.argv = [script, *args]  # for a module, runpy puts the module's file in argv[0]
     # sys.path is the launcher's, which `python -m` began with the working folder: what a
@@ -90,6 +91,35 @@ def _arm_bootstrap() -> None:
 
 
 _KEPT: list[object] = []  # what each script left behind, freed only with the process (below)
+
+
+def _keep_left_groups() -> None:
+    """Every process group the script leaves (`destroy_process_group`) is kept until the
+    process ends, as what it leaves at its end is (`_guarded`, below, says why). A script that
+    leaves the group and then returns from its `main()` frees its DDP model there, during the
+    run, and the model's reducer held the group's last reference: the same wait, which keeping
+    the script's globals cannot prevent (the PyTorch DDP tutorial's `cleanup()` is that
+    pattern). torch forgets a group it destroys, so it is taken from its registry first."""
+    from gpufleet.bootstrap import importwatch
+
+    def keep(c10d: ModuleType) -> None:
+        import functools
+
+        inner = getattr(c10d, "destroy_process_group", None)
+        if inner is None:
+            return
+
+        @functools.wraps(inner)
+        def destroy_process_group(*args: object, **kwargs: object) -> object:
+            group = args[0] if args else kwargs.get("group")
+            world = getattr(c10d, "_world", None)
+            _KEPT.extend(list(getattr(world, "pg_map", None) or ()) if group is None
+                         else [group])
+            return inner(*args, **kwargs)
+
+        importwatch.rebind("destroy_process_group", inner, destroy_process_group)
+
+    importwatch.when_imported("torch.distributed.distributed_c10d", keep)
 
 
 def _guarded(body: Callable[[], object]) -> None:

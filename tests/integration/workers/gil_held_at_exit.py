@@ -7,7 +7,9 @@ switch interval of 1,000 s) and which the interpreter holds while it frees a DDP
 reducer owns the last reference to the group (its destructor waits for that thread).
 It also leaves a file open with a line in its buffer (PATH.RANK), as a sloppy script does: a
 fresh interpreter writes it out as it ends, and so must a warm rank.
-Usage: gil_held_at_exit.py PATH (2 ranks or more)"""
+With `in-main`, the model is a local of `main()`, which leaves the group and returns, as the
+PyTorch DDP tutorial's scripts do: the model is freed there, while the script still runs.
+Usage: gil_held_at_exit.py PATH [in-main] (2 ranks or more)"""
 
 import sys
 import time
@@ -16,16 +18,24 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+
+def main() -> None:
+    model = DDP(torch.nn.Linear(8, 1))  # its reducer holds the group after destroy_process_group
+    model(torch.randn(4, 8)).sum().backward()
+    sys.setswitchinterval(1000.0)  # no thread is handed the GIL until this one blocks
+    torch._C._stash_obj_in_tls("gil_held_at_exit", object())  # what every backward stashes
+    dist.all_reduce(torch.ones(1 << 24), async_op=True)  # 64 MB: still running when dropped
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        pass
+    dist.destroy_process_group()
+    if "in-main" not in sys.argv[2:]:
+        KEEP.append(model)  # freed with the script's globals, at its end
+
+
+KEEP: list[object] = []
 dist.init_process_group("gloo")
 left_open = open(f"{sys.argv[1]}.{dist.get_rank()}", "w")  # noqa: SIM115 - never closed
 left_open.write("still buffered at the end\n")
-model = DDP(torch.nn.Linear(8, 1))  # its reducer holds the group after destroy_process_group
-model(torch.randn(4, 8)).sum().backward()
-sys.setswitchinterval(1000.0)  # no thread is handed the GIL until this one blocks
-torch._C._stash_obj_in_tls("gil_held_at_exit", object())  # what every backward stashes
-dist.all_reduce(torch.ones(1 << 24), async_op=True)  # 64 MB: still running when dropped here
-end = time.monotonic() + 0.5
-while time.monotonic() < end:
-    pass
-dist.destroy_process_group()
+main()
 sys.exit(0)

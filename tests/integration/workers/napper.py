@@ -28,6 +28,7 @@ def main() -> None:
         def ending(_sig: int, _frame: FrameType | None) -> None:
             print(f"napper: SIGTERM, ending in {slow_term:.0f} s", flush=True)
             time.sleep(slow_term)
+            print("napper: ended after SIGTERM", flush=True)
             sys.exit(0)
 
         signal.signal(signal.SIGTERM, ending)
