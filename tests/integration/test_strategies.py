@@ -166,7 +166,8 @@ def test_cleanup_keeps_the_groups_a_freed_model_would_destroy(tmp_path: Path) ->
     no longer frees its gloo group: that destructor, run holding the GIL, waited forever for
     gloo's thread, itself waiting for the GIL to free the barrier's work (it holds the last
     all-reduce of a tensor Python had seen): a rank that never ended after its last line, 1 run
-    in 8 on a loaded machine. The group lives until the process ends through os._exit."""
+    in 8 on a loaded machine. A warm rank keeps every group the script leaves, cleanup()'s too,
+    until it ends through os._exit (launch/warm_rank.py)."""
     script = tmp_path / "w.py"
     script.write_text(
         "import gc, weakref\nimport torch\nimport torch.distributed as dist\n"

@@ -118,37 +118,16 @@ def cleanup() -> None:
     and a flush, it exits with status 0. An uncaught exception still exits 1 as usual; a
     `sys.exit(code)` after cleanup() exits 0, so make cleanup() the script's last call.
 
-    The groups left are kept alive until the process ends (`LEFT_GROUPS`), not freed with the
-    model. Freeing a DDP model frees its gloo group on the main thread, holding the GIL, and
-    gloo's destructor waits for its worker thread, which may still be freeing the barrier's
-    work: that work holds the last all-reduce of gpufleet's timing hook (telemetry.py), whose
-    tensors Python has seen, and freeing them needs the GIL. Both then wait forever: a rank
-    that had printed its last line never ended (1 run in 8 of the example MLP on 2 warm ranks
-    next to two CPU burners here; pytorch/pytorch#56297 is the same wait). Kept, the group is
-    never destroyed at all: the process ends through `os._exit` below.
+    A warm rank (the default) keeps the groups left here, as every group a script leaves,
+    until it ends (launch/warm_rank.py): a DDP model freed after this, at `main()`'s return,
+    would otherwise free its gloo group and could wait forever in its destructor.
     """
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-        LEFT_GROUPS.extend(_groups())
         dist.destroy_process_group()
         _exit_cleanly_after_this()
-
-
-LEFT_GROUPS: list[Any] = []  # every process group cleanup() left, alive until the process ends
-
-
-def _groups() -> list[Any]:
-    """Every process group of this process: the default one and those made from it (FSDP's,
-    a device mesh's), as torch's own registry lists them."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d
-
-    world = getattr(distributed_c10d, "_world", None)
-    groups = list(getattr(world, "pg_map", {}) or {})
-    default = dist.group.WORLD
-    return groups if groups else [default] if default is not None else []
 
 
 _exit_state = {"armed": False, "failed": False}
