@@ -98,6 +98,9 @@ def test_a_team_server_enforces_quotas_and_budgets_and_books_every_cost(
     mine = ok_json(users["alice"], "jobs")
     assert sorted((r["name"], r["user"]) for r in mine) == [("(hidden)", "bob"), ("a1", "alice"),
                                                             ("a2", "alice")]
+    # "started" is a1 handed to its supervisor; it says "running" once its workers are up (an
+    # event of its own: bob's listing read "starting" on a loaded machine)
+    admin.wait_for("a1", lambda st: st.get("status") == "running")
     theirs_seen = ok_json(users["bob"], "jobs")
     assert sorted((r["name"], r["user"], r["status"]) for r in theirs_seen) == [
         ("(hidden)", "alice", "queued"), ("(hidden)", "alice", "running"),
