@@ -173,17 +173,25 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--steps", type=int, default=30)
-    args = p.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="gfbench-machines."))
+def lab(name: str) -> tuple[Path, Path, dict[str, str], Path | None, dict[str, str]]:
+    """A benchmark's folders and the test machines: its temp folder, a durable folder every
+    machine sees (under /run), the harness's variables, the machines' DIR when started here,
+    and the CLI's environment (a throwaway $GPUFLEET_HOME and $HOME)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"gfbench-{name}."))
     durable = Path(tempfile.mkdtemp(prefix="gfbench-ck.", dir="/run"))  # all machines see /run
     harness, started = machines_env(tmp)
     env = {**os.environ, "GPUFLEET_HOME": str(tmp / "home"), "HOME": str(tmp / "user"),
            "PYTHONPATH": str(ROOT / "src"), **harness}
     (tmp / "user").mkdir()
+    return tmp, durable, harness, started, env
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    args = p.parse_args()
+    tmp, durable, harness, started, env = lab("machines")
     ray_up = False
     try:
         cli(env, "pool", "add", "ssh", "--name", "lab", "--hostfile",

@@ -43,7 +43,9 @@ _SERIAL = ("test_diagnosis_runs::test_a_healthy_run_has_no_warnings",
            "test_survive::test_elastic_shrink_that_hurts_goodput_is_reverted_keeping_the_loss_curve")
 
 
-_USES_MACHINES = re.compile(r"^\s*(from machines import|import machines\b)", re.MULTILINE)
+# the helper itself, or ssh_pool_lab.py (an SSH pool of the machines), which imports it
+_USES_MACHINES = re.compile(r"^\s*(from (machines|ssh_pool_lab) import|import (machines|ssh_pool_lab)\b)",
+                            re.MULTILINE)
 
 
 @functools.cache

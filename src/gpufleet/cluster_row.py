@@ -21,8 +21,8 @@ from gpufleet.slot_words import network_shown
 
 SUMMARY_KEYS = ("name", "gpu", "count", "nodes", "network", "devices", "status", "price_book",
                 "usd_per_hour", "started_at", "stopped_at", "cost_usd", "job", "job_status")
-KEYS = (*SUMMARY_KEYS, "topology", "health", "placements", "pool", "simulated", "user",
-        "for_job", "created_at", "age_s")
+KEYS = (*SUMMARY_KEYS, "topology", "health", "placements", "spares", "pool", "simulated",
+        "user", "for_job", "created_at", "age_s")
 
 
 class Summarized(Protocol):
@@ -122,14 +122,16 @@ def summary(c: Summarized, placed: Placed, newest_job: tuple[str, str] | None,
 
 
 def row(c: Rowed, placed: Placed, newest_job: tuple[str, str] | None, health: str,
-        now: float) -> dict[str, Any]:
+        now: float, spares: Sequence[str] = ()) -> dict[str, Any]:
     """`list`'s row: the summary, plus the topology, `health` (what the caller found of the
     devices now: "ok", "degraded: ...", "-" for a stopped cluster), the devices by node, the
-    pool, who owns it, and its age in seconds."""
+    spare nodes it holds beside them (`--spares`: billed in `usd_per_hour`), the pool, who
+    owns it, and its age in seconds."""
     return {
         **summary(c, placed, newest_job, now),
         "topology": network_shown(c.gpu, c.network), "health": health,
         "placements": {node: list(ids) for node, ids in placed.items()},
+        "spares": list(spares),
         "pool": c.pool or "local", "simulated": bool(c.simulated), "user": c.user,
         "for_job": c.for_job, "created_at": c.created_at, "age_s": now - c.created_at,
     }

@@ -143,6 +143,9 @@ class ClusterSpec(_Spec):
     count: int = Field(1, ge=1, le=MAX_GPUS_PER_JOB)
     network: Network | None = None
     nodes: int | None = Field(None, ge=1, le=MAX_GPUS_PER_JOB)
+    # whole free nodes held beside the cluster's own, warmed by each run and billed with it; a
+    # lost node is replaced by one of them first (lifecycle/spares.py)
+    spares: int = Field(0, ge=0, le=MAX_GPUS_PER_JOB)
     disk: str = DEFAULT_DISK
     backend: Kind = "local"
     pool: str | None = None  # a named pool (gpufleet pool list); None: the default pool
@@ -251,7 +254,7 @@ class ClusterSpec(_Spec):
         command shows every problem. Invalid fields that the rules do not read are replaced by
         harmless placeholders."""
         bad = {field.split(".")[0] for field, _ in problems}
-        if bad & {"count", "nodes", "network", "backend", "pool"}:
+        if bad & {"count", "nodes", "network", "backend", "pool", "spares"}:
             return []
         placeholders = {"gpu": "cpu", "name": None, "disk": DEFAULT_DISK, "price_book": None}
         trial = {k: v for k, v in data.items() if k not in bad}
@@ -285,7 +288,19 @@ class ClusterSpec(_Spec):
             problems.append(("nodes", f"the {self.backend} backend has one node; {nodes} nodes need a "
                              "multi-node pool: gpufleet pool add ray --address HOST:PORT, or "
                              "gpufleet pool up --local --nodes 3 to try one here"))
+        caps = capabilities(self.backend)
+        if self.spares and (not caps.multi_node or caps.allocates or caps.simulated):
+            problems.append(("spares", f"spare nodes are held on pools whose nodes gpufleet "
+                             f"places itself (ssh, ray); the {self.backend} pool "
+                             + ("has one node" if not caps.multi_node else
+                                "places nodes by its engine" if caps.allocates else
+                                "runs no processes") + "; drop --spares"))
         return problems
+
+    @property
+    def billed_count(self) -> int:
+        """Devices billed: the cluster's own and every spare node's."""
+        return self.count + self.spares * self.per_node
 
 
 class ModelShape(_Spec):

@@ -79,6 +79,7 @@ def cluster_rows(store: Store, found: list[Cluster], now: float,
     /api/v1/clusters show. A running cluster's health is judged against `nodes_of(cluster)`
     (see `pool_nodes`); a stopped one has none ("-")."""
     placed = clusters.placements_of(store, found)
+    spare = clusters.placements_of(store, found, spare=True)
     newest = _newest_jobs(store, found)
     rows = []
     for c in found:
@@ -87,7 +88,13 @@ def cluster_rows(store: Store, found: list[Cluster], now: float,
             nodes = nodes_of(c)
             health = clusters.health(c, placed[c.id], nodes) if nodes is not None \
                 else "unknown: pool unreachable"
-        rows.append(cluster_row.row(c, _by_node(placed[c.id]), newest.get(c.id), health, now))
+            lost = [p.node_id for p in spare[c.id] if nodes is not None
+                    and not any(n.id == p.node_id and n.healthy for n in nodes)]
+            if lost:  # the next heal lets it go; until then the cluster has one spare fewer
+                spared = f"spare node(s) {', '.join(lost)} lost"
+                health = f"degraded: {spared}" if health == "ok" else f"{health}, {spared}"
+        rows.append(cluster_row.row(c, _by_node(placed[c.id]), newest.get(c.id), health, now,
+                                    [p.node_id for p in spare[c.id]]))
     return rows
 
 

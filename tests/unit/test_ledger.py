@@ -152,10 +152,10 @@ def test_a_job_on_its_own_cluster_is_billed_to_the_stop_then_settled(store: Stor
 def test_a_rate_change_opens_a_row_and_the_sum_stays_exact(store: Store) -> None:
     jid = own(store, "a", rate=4.0, count=4)
     ledger.accrue(store, T0 + 600.0)
-    with store.session() as s:  # the cluster shrinks to 3 devices, as clusters.heal does
+    with store.session() as s:  # the cluster shrinks to 3 devices, as spares.heal does
         c = s.scalar(select(Cluster).where(Cluster.name == "c-a"))
         assert c is not None
-        clusters._rebill(c, 3, T0 + 900.0)
+        clusters.rebill(c, 3, T0 + 900.0)
         c.count = 3
         c.usd_per_hour = 3.0
     ledger.accrue(store, T0 + 1200.0)

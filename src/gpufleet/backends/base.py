@@ -50,6 +50,9 @@ class RunRequest:
     cluster_name: str
     cluster_devices: int  # devices the cluster holds in all (host memory is shared by slots)
     engine_ref: str = ""  # the cluster's allocation in an allocating engine (a Slurm job id)
+    # spare nodes the cluster holds beside `placements` (`--spares`): an engine that ships a
+    # workdir warms them (ships it, runs the setup) while the run goes on
+    spares: list[Placement] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

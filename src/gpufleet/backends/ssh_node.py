@@ -8,6 +8,10 @@ node, and the driver maps paths both ways:
 - `has DIGEST`: one JSON line: this node's gpufleet version, whether torch imports (and its
   version), and whether the workdir DIGEST is already placed (then nothing is shipped);
 - `put DIGEST`: a tar of the workdir on stdin, unpacked into `workdirs/DIGEST`;
+- `warm` (a spare host of the cluster): the job, the workdir's digest and the setup as one JSON
+  line on stdin; the job's setup runs in the placed copy (once per digest) and the job is
+  recorded as its user, so a spare that replaces a lost node starts at once; `release` drops
+  the job's use of the copy (and the copy, when no job uses it) once the job is over;
 - `run`: the node's plan entry and the job's secrets (the report key) as one JSON line on stdin,
   never on a command line (`ps` on the node shows none). The submitter's job folder becomes
   `jobs/JOB` on the node and the submitter's workdir the placed copy, in argv, environment and
@@ -96,6 +100,17 @@ def put(digest: str, stream: IO[bytes]) -> int:
     data = stream.read()  # at most the upload cap (100 MB by default)
     node_workdir.place(node_workdir.cache_root(), digest, io.BytesIO(data), "", _say)
     return len(data)
+
+
+def warm(order: dict[str, Any]) -> dict[str, str]:
+    """A spare host readied for the job: its setup run (once per digest) in the placed copy,
+    the job recorded as a user of it. Says whether the setup ran now or had run before."""
+    root = node_workdir.cache_root()
+    setup = order.get("setup") or ""
+    before = node_workdir.setup_marker(root, order["digest"], setup).exists()
+    node_workdir.place(root, order["digest"], None, setup, lambda ln: _say(f"setup: {ln}"),
+                       node=f"spare {order.get('node', '')}", user=order["job"])
+    return {"setup": "none" if not setup else "done before" if before else "ran"}
 
 
 def _say(line: str) -> None:
@@ -225,12 +240,25 @@ def main(argv: list[str] | None = None) -> int:
     if verb == "put":
         print(json.dumps({"bytes": put(args[1], sys.stdin.buffer)}), flush=True)
         return 0
+    if verb == "warm":
+        try:
+            print(json.dumps(warm(json.loads(sys.stdin.readline()))), flush=True)
+        except (node_workdir.SetupFailed, node_workdir.WorkdirMissing) as exc:
+            print(f"NodeSetupError: {exc}", flush=True)
+            return SETUP_FAILED_EXIT
+        return 0
+    if verb == "release":
+        order = json.loads(sys.stdin.readline())
+        removed = node_workdir.remove(node_workdir.cache_root(), order["digest"],
+                                      user=order["job"])
+        print(json.dumps({"removed": removed}), flush=True)
+        return 0
     if verb == "run":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ended through stdin, not by signals
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         order = json.loads(sys.stdin.readline())
         return run(order, sys.stdin)
-    print(f"usage: python -m gpufleet.backends.ssh_node has|put|run; got {verb!r}",
+    print(f"usage: python -m gpufleet.backends.ssh_node has|put|warm|release|run; got {verb!r}",
           file=sys.stderr)
     return 2
 

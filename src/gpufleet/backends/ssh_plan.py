@@ -59,6 +59,9 @@ def prepare(backend: SshPool, run: RunRequest) -> Prepared:
     plan["ssh"] = {
         "known_hosts": str(backend.known_hosts), "control_dir": str(backend.control_dir),
         "hosts": {p.node_id: backend.host_of(p.node_id).to_json() for p in run.placements},
+        # spare nodes: warmed by the driver (workdir, setup) while the run goes on
+        "spares": {p.node_id: backend.host_of(p.node_id).to_json() for p in run.spares
+                   if p.node_id in nodes},
         "job": run.ctx.job_name, "job_dir": str(run.job_dir), "root": str(sel.root),
         "maps": {"job_dir": str(run.job_dir), "workdir": str(sel.root),
                  "gpufleet": str(Path(gpufleet.__file__).parent)},

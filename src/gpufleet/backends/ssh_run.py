@@ -9,7 +9,10 @@ for all hosts at once and over one multiplexed connection per host (ssh_conn.opt
 2. ships the workdir as a tar on stdin (`ssh_node put DIGEST`) only where it is missing, and
    says how many bytes went to each node (an unchanged workdir ships nothing);
 3. starts `ssh_node run` on every host with the node's plan entry and the job's secrets as JSON
-   on stdin (no secret on any command line), then writes a heartbeat line every second.
+   on stdin (no secret on any command line), then writes a heartbeat line every second;
+4. warms the cluster's spare hosts (`--spares`) while the run goes on: the same version check
+   and shipping, then `ssh_node warm` runs the job's setup there, so a spare that replaces a
+   lost node starts its torchrun at once. On the job's last run they are let go (`release`).
 
 The watch over the nodes is `node_driver.NodeDriver`'s (fail fast, lines tagged by node, lost
 nodes, stop). Files the nodes send back as framed lines (per-rank logs, error records) are
@@ -66,6 +69,8 @@ class Driver(NodeDriver):
         self.closing = threading.Event()
         self.write_lock = threading.Lock()
         self.packed: bytes | None = None
+        self.spares = {nid: Host.from_json(h) for nid, h in ssh.get("spares", {}).items()}
+        self.warming: threading.Thread | None = None
 
     # -- ssh ------------------------------------------------------------------------------------
     def argv(self, i: int, verb: list[str], shared: bool = True) -> list[str]:
@@ -74,8 +79,11 @@ class Driver(NodeDriver):
                                  self.control_dir if shared else None)
 
     def call(self, i: int, verb: list[str], data: bytes = b"") -> tuple[int, str, str]:
+        return self.call_argv(self.argv(i, verb), data)
+
+    def call_argv(self, argv: list[str], data: bytes = b"") -> tuple[int, str, str]:
         try:
-            done = subprocess.run(self.argv(i, verb), input=data, capture_output=True,
+            done = subprocess.run(argv, input=data, capture_output=True,
                                   timeout=PREPARE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return LOST_SSH_EXIT, "", f"no answer in {PREPARE_TIMEOUT_S:.0f} s"
@@ -165,7 +173,65 @@ class Driver(NodeDriver):
         threading.Thread(target=self._beat, daemon=True).start()
         self.say(f"torchrun starting on {len(self.nodes)} host(s): "
                  + ", ".join(self.where(i) for i in range(len(self.nodes))))
+        if self.spares and self.ssh["digest"]:
+            self.warming = threading.Thread(target=self._warm_spares, daemon=True)
+            self.warming.start()
         return None
+
+    # -- spare hosts ----------------------------------------------------------------------------
+    def spare_argv(self, node_id: str, verb: list[str]) -> list[str]:
+        host = self.spares[node_id]  # its own connection: the run's shared ones are the nodes'
+        return ssh_conn.ssh_argv(host, self.known_hosts, [host.python, "-m", NODE_MODULE, *verb])
+
+    def _warm_spares(self) -> None:
+        with ThreadPoolExecutor(max_workers=len(self.spares)) as pool:
+            for line in pool.map(self.warm, sorted(self.spares)):
+                self.say(line)
+
+    def warm(self, node_id: str) -> str:
+        """Spare `node_id` made ready to replace a lost node: the node checks (version, torch),
+        the workdir shipped where missing, the job's setup run (once per digest, as on a node)
+        and the job recorded as a user of the copy. The line that says how it went."""
+        t0 = time.monotonic()
+        where = f"spare {node_id} ({self.spares[node_id].address})"
+        digest = self.ssh["digest"]
+        code, out, err = self.call_argv(self.spare_argv(node_id, ["has", digest]))
+        try:
+            facts = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return f"{where} not warmed: {_first(err) or _first(out) or f'exit {code}'}"
+        if facts.get("version") != self.ssh["version"] or not facts.get("torch"):
+            return (f"{where} not warmed: gpufleet {facts.get('version')} (this machine "
+                    f"{self.ssh['version']}), torch {facts.get('torch') or 'missing'}")
+        sent = 0
+        if not facts.get("has"):
+            code, out, err = self.call_argv(self.spare_argv(node_id, ["put", digest]), self.tar())
+            if code != 0:
+                return f"{where} not warmed: shipping the workdir failed: {_first(err)}"
+            sent = json.loads(out.strip().splitlines()[-1])["bytes"]
+        order = {"job": self.ssh["job"], "digest": digest, "setup": self.ssh["setup"],
+                 "node": node_id}
+        code, out, err = self.call_argv(self.spare_argv(node_id, ["warm"]),
+                                        (json.dumps(order) + "\n").encode())
+        if code != 0:
+            return f"{where} not warmed: {_first(err) or out.strip()[-300:] or f'exit {code}'}"
+        setup = json.loads(out.strip().splitlines()[-1]).get("setup", "none")
+        return (f"{where} warm in {time.monotonic() - t0:.1f} s: workdir {digest[:12]} "
+                f"{sent} bytes shipped, setup {setup}")
+
+    def release_spares(self, code: int) -> None:
+        """The job's last run ended (it succeeded, was stopped, or has no restart left): the
+        spares' copies of the workdir go, as the nodes' own do (ssh_node `run`)."""
+        if not self.spares or not self.ssh["digest"] or self.ssh.get("keep_workdir") or not (
+                self.ssh.get("final") or code == 0 or self.stop_asked):
+            return
+        if self.warming is not None:
+            self.warming.join(timeout=PREPARE_TIMEOUT_S)
+        order = (json.dumps({"job": self.ssh["job"], "digest": self.ssh["digest"]})
+                 + "\n").encode()
+        with ThreadPoolExecutor(max_workers=len(self.spares)) as pool:
+            list(pool.map(lambda n: self.call_argv(self.spare_argv(n, ["release"]), order),
+                          sorted(self.spares)))
 
     def _beat(self) -> None:
         """A line a second to every node: its agent ends torchrun when they stop coming."""
@@ -270,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
 
     driver.catch_stop()
     try:
-        return driver.run()
+        code = driver.run()
+        driver.release_spares(code)
+        return code
     finally:
         driver.close()
 

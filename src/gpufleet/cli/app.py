@@ -70,12 +70,16 @@ def approve_quote(yes: bool, quiet: bool = False) -> Approve:
 
     def approve(offer: Offer) -> None:
         spec, q = offer.spec, offer.quote
+        spares = f" + {spec.spares} spare node(s)" if spec.spares else ""
         if not quiet:
-            err.print(ui.quote_table(spec.gpu, spec.count, offer.network, q.rates, q.book))
+            err.print(ui.quote_table(spec.gpu, spec.billed_count, offer.network, q.rates, q.book))
             if q.simulated:
                 err.print(f"Simulated devices (pool {offer.pool or 'local'}): not billed; "
                           "the quote is what real ones would cost.")
-        confirm(f"Launch {slot_words.devices_shown(spec.gpu, spec.count)} at "
+            if spec.spares:
+                err.print(f"The quote includes {spec.spares} spare node(s) of {spec.per_node}: "
+                          "held free and warmed for a lost node, billed with the cluster.")
+        confirm(f"Launch {slot_words.devices_shown(spec.gpu, spec.count)}{spares} at "
                 f"{ui.usd(q.usd_per_hour)}/hour?", yes)
 
     return approve

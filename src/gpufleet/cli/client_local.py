@@ -62,8 +62,10 @@ class LocalClient:
         where = "; ".join(f"{p.node_id}: {','.join(d.id for d in p.devices)}"
                           for p in clusters.placements(st, c))
         sim = " (simulated, not billed)" if c.simulated else ""
-        return Launched(c.name, c.gpu, c.count, f"{sim} on {c.nodes} node(s) ({where}) over "
-                        f"{network_shown(c.gpu, c.network)}", row)
+        spare = [p.node_id for p in clusters.spares(st, c)]
+        held = f", spare node(s): {', '.join(spare)}" if spare else ""
+        return Launched(c.name, c.gpu, c.count, f"{sim} on {c.nodes} node(s) ({where}{held}) "
+                        f"over {network_shown(c.gpu, c.network)}", row)
 
     def clusters(self, every: bool) -> list[dict[str, Any]]:
         """Read straight from the state file when nothing needs the store's upkeep or a pool's

@@ -24,6 +24,7 @@ from gpufleet.cli.options import (
     Nodes,
     PoolOpt,
     PriceBook,
+    Spares,
     Yes,
     default,
 )
@@ -41,6 +42,7 @@ def launch(
     disk: Disk = None,
     name: ClusterName = None,
     nodes: Nodes = None,
+    spares: Spares = None,
     backend: Backend = None,
     pool: PoolOpt = None,
     price_book: PriceBook = None,
@@ -61,7 +63,7 @@ def launch(
 
     data: dict[str, Any] = load_yaml(file) if file else {}
     flags = {"gpu": gpu, "count": count, "network": network, "disk": disk, "name": name,
-             "nodes": nodes, "backend": backend, "pool": pool, "price_book": price_book,
+             "nodes": nodes, "spares": spares, "backend": backend, "pool": pool, "price_book": price_book,
              "time_limit": time_limit, "image": image}
     merged = {**data, **{k: v for k, v in flags.items() if v is not None}}
     got = client().launch(merged, yes, as_json, cpu_slots)
@@ -94,7 +96,8 @@ def list_(
     for r in rows:
         job = f"{r['job']} ({r['job_status']})" if r["job"] else "-"
         gpu_label = r["gpu"] + (" (sim)" if r.get("simulated") else "")
-        t.add_row(r["name"], gpu_label, str(r["count"]), ",".join(r["devices"]) or "-",
+        spare = f" +{len(r['spares'])} spare" if r.get("spares") else ""  # billed in $/HOUR
+        t.add_row(r["name"], gpu_label, f"{r['count']}{spare}", ",".join(r["devices"]) or "-",
                   r["topology"], r["health"], r["status"], ui.usd(r["usd_per_hour"]),
                   ui.duration(r["age_s"]), ui.usd(r["cost_usd"]), job)
     if not rows:

@@ -43,6 +43,7 @@ from gpufleet.cli.options import (
     RunPrecision,
     Setup,
     ShmSizeOpt,
+    Spares,
     Strategy,
     TimeLimit,
     TotalSteps,
@@ -59,8 +60,8 @@ TRAVEL = "Code and environment that travel"
 IMAGE = "Container image"
 QUEUE = "Queue"
 RUN_PANELS = {
-    **dict.fromkeys(("cluster", "gpu", "count", "network", "disk", "price_book", "nodes", "pool",
-                     "cpu_slots", "keep"), CLUSTER),
+    **dict.fromkeys(("cluster", "gpu", "count", "network", "disk", "price_book", "nodes", "spares",
+                     "pool", "cpu_slots", "keep"), CLUSTER),
     **dict.fromkeys(("workers_per_node", "strategy", "dp", "tp", "pp", "pp_schedule",
                      "microbatches"), LAYOUT),
     **dict.fromkeys(("precision", "framework", "env", "warm", "preload"), PRECISION),
@@ -86,6 +87,7 @@ def run(
     disk: Disk = None,
     price_book: PriceBook = None,
     nodes: Nodes = None,
+    spares: Spares = None,
     pool: PoolOpt = None,
     cpu_slots: CpuSlots = None,
     keep: Annotated[bool, typer.Option("--keep", help="Keep a new cluster after the job.")] = False,
@@ -176,7 +178,7 @@ def run(
              "image": image, "pull": pull, "container_opts": container_opt or None,
              "shm_size": shm_size}
     inline = {"gpu": gpu, "count": count, "network": network, "disk": disk,
-              "price_book": price_book, "nodes": nodes, "pool": pool}
+              "price_book": price_book, "nodes": nodes, "spares": spares, "pool": pool}
     job = JobInput(file, script, list(ctx.args), env or [], flags, inline, cluster)
     client().run(job, not no_queue, cpu_slots, detach, dry_run, yes)
 

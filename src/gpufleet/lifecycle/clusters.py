@@ -44,8 +44,8 @@ def quote_for(spec: ClusterSpec, network: str | None = None,
     """The rates for the spec on `network` (default: the spec's own fabric). Simulated devices
     are quoted, so a plan on a synthetic pool shows what it would cost, but billed at zero."""
     network = network or spec.fabric
-    rates = cost.quote(spec.gpu, spec.count, network)
-    book = spec.price_book or cost.default_book(spec.gpu, spec.count, network)
+    rates = cost.quote(spec.gpu, spec.billed_count, network)  # spare nodes are billed too
+    book = spec.price_book or cost.default_book(spec.gpu, spec.billed_count, network)
     if spec.price_book and not any(r.book == spec.price_book for r in rates):
         offered = ", ".join(r.book for r in rates) or "none"
         raise SpecError([("price_book", f"'{spec.price_book}' has no price for {spec.gpu}; "
@@ -70,14 +70,17 @@ def held(s: Session, pool: str | None = None) -> dict[tuple[str, str], str]:
 
 
 def held_whole(s: Session, pool: str | None) -> dict[str, str]:
-    """Nodes held whole by a multi-node cluster -> that cluster."""
+    """Nodes held whole by a multi-node cluster, or by a cluster with spare nodes (its own
+    node and its spares were taken whole) -> that cluster."""
+    spared = select(Reservation.cluster_id).where(Reservation.spare.is_(True))
     q = (select(Reservation.node_id, Cluster.name)
-         .join(Cluster, Cluster.id == Reservation.cluster_id).where(Cluster.nodes > 1))
+         .join(Cluster, Cluster.id == Reservation.cluster_id)
+         .where((Cluster.nodes > 1) | Cluster.id.in_(spared)))
     q = q.where(Cluster.pool.is_(None) if pool is None else Cluster.pool == pool)
     return {nid: cname for nid, cname in s.execute(q)}
 
 
-def _price(gpu: str, network: str) -> float:
+def price_per_gpu(gpu: str, network: str) -> float:
     """The cheapest catalog rate per GPU-hour, to prefer cheaper node groups; unpriced last."""
     rates = cost.quote(gpu, 1, network)
     return rates[0].usd_per_hour if rates else float("inf")
@@ -92,7 +95,7 @@ def network_of(spec: ClusterSpec, alloc: Allocation, nodes: list[Node]) -> str:
         return spec.fabric
     by_id = {n.id: n for n in nodes}
     first = by_id[alloc.placements[0].node_id]
-    if len(alloc.placements) > 1:
+    if len(alloc.placements) - spec.spares > 1:  # spare nodes are not the cluster's fabric
         return first.inter_fabric or "ethernet"
     return first.fabric_for(spec.gpu)
 
@@ -122,11 +125,13 @@ def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node],
     if capabilities(spec.backend).allocates:  # the engine decides: `nodes` is what it granted
         return allocate(spec.gpu, spec.count, spec.node_count, spec.network, nodes, {}, {},
                         whole=spec.node_count > 1)
+    # spare nodes are allocated with the cluster's own, whole nodes of the same type and fabric
+    wanted = spec.node_count + spec.spares if spec.spares else spec.nodes
     if pool is None:
-        return allocate(spec.gpu, spec.count, spec.nodes, spec.network, nodes, held(s, pool),
-                        held_whole(s, pool), price=_price)
-    return pool_index.allocate(pool, nodes, held(s, pool), held_whole(s, pool), _price, spec.gpu,
-                               spec.count, spec.nodes, spec.network)
+        return allocate(spec.gpu, spec.billed_count, wanted, spec.network, nodes, held(s, pool),
+                        held_whole(s, pool), price=price_per_gpu)
+    return pool_index.allocate(pool, nodes, held(s, pool), held_whole(s, pool), price_per_gpu,
+                               spec.gpu, spec.billed_count, wanted, spec.network)
 
 
 def check(store: Store, spec: ClusterSpec, nodes: list[Node], pool: str | None = None) -> Allocation:
@@ -159,8 +164,9 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
         alloc = _checked(s, spec, name, nodes, pool)
         network = network_of(spec, alloc, nodes)
         q = quote_for(spec, network, is_simulated(alloc))
+        own = alloc.placements[:len(alloc.placements) - spec.spares]
         cluster = Cluster(
-            name=name, gpu=spec.gpu, count=spec.count, nodes=len(alloc.placements),
+            name=name, gpu=spec.gpu, count=spec.count, nodes=len(own), spares=spec.spares,
             network=network, disk_bytes=spec.disk_bytes, backend=spec.backend,
             price_book=None if q.simulated else q.book, usd_per_hour=q.usd_per_hour,
             status=ClusterStatus.RUNNING, created_at=now, started_at=now,
@@ -171,19 +177,23 @@ def launch(store: Store, spec: ClusterSpec, nodes: list[Node], for_job: str | No
         )
         s.add(cluster)
         s.flush()
-        s.add_all(reservation_rows(cluster, alloc.placements))
+        s.add_all(reservation_rows(cluster, own))
+        s.add_all(reservation_rows(cluster, alloc.placements[len(own):], spare=True))
         if then is not None:
             then(s, cluster)
     Path(cluster.scratch_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
     return cluster
 
 
-def reservation_rows(cluster: Cluster, placements: Iterable[Placement]) -> list[Reservation]:
-    """The rows that hold `placements` for `cluster`, keyed by the cluster's own pool: the one
-    way a reservation row is made, so none can miss the pool (the unique key that keeps two
-    pools' same-named nodes apart). `cluster` must be flushed (it has an id)."""
+def reservation_rows(cluster: Cluster, placements: Iterable[Placement],
+                     spare: bool = False) -> list[Reservation]:
+    """The rows that hold `placements` for `cluster` (as spare nodes with `spare`), keyed by
+    the cluster's own pool: the one way a reservation row is made, so none can miss the pool
+    (the unique key that keeps two pools' same-named nodes apart). `cluster` must be flushed
+    (it has an id)."""
     return [Reservation(cluster_id=cluster.id, node_id=p.node_id, address=p.address,
-                        device_id=d.id, device_index=d.index, pool=cluster.pool or "local")
+                        device_id=d.id, device_index=d.index, pool=cluster.pool or "local",
+                        spare=spare)
             for p in placements for d in p.devices]
 
 
@@ -200,56 +210,7 @@ def _running_named(s: Session, name: str) -> bool:
                                              Cluster.status.in_(ACTIVE)).limit(1)) is not None
 
 
-def heal(store: Store, cluster: Cluster, nodes: list[Node]) -> tuple[Cluster, list[str]]:
-    """Replace the cluster's lost or unhealthy nodes with free whole nodes of its type and
-    fabric, keeping the healthy ones; with no replacement, go on with the healthy nodes alone.
-    Returns the cluster and one line per change, for the job's events."""
-    by_id = {n.id: n for n in nodes}
-    notes: list[str] = []
-    with store.session() as s:
-        c = s.get(Cluster, cluster.id)
-        assert c is not None
-        rows = list(s.scalars(select(Reservation).where(Reservation.cluster_id == c.id)).all())
-        mine: dict[str, list[Reservation]] = {}
-        for r in rows:
-            mine.setdefault(r.node_id, []).append(r)
-        bad = [nid for nid in mine if nid not in by_id or not by_id[nid].healthy]
-        if not bad:
-            return c, notes
-        per = len(next(iter(mine.values())))
-        reserved = held(s, c.pool)
-        exclusive = held_whole(s, c.pool)
-        for nid in bad:
-            for r in mine.pop(nid):
-                s.delete(r)
-                reserved.pop((r.node_id, r.device_id), None)
-            exclusive.pop(nid, None)
-            try:
-                # a whole free node like the others: same type, same fabric
-                got = allocate(c.gpu, per, 1, c.network, [n for n in nodes if n.id not in mine],
-                               reserved, exclusive, price=_price, whole=c.nodes > 1)
-            except AllocationError as exc:
-                notes.append(f"node {nid} lost; no replacement ({exc}); going on with "
-                             f"{len(mine)} node(s)")
-                continue
-            p = got.placements[0]
-            s.add_all(reservation_rows(c, [p]))
-            for d in p.devices:
-                reserved[(p.node_id, d.id)] = c.name
-            exclusive[p.node_id] = c.name
-            mine[p.node_id] = []
-            notes.append(f"node {nid} lost; replaced by node {p.node_id} ({p.address})")
-        if not mine:
-            raise AllocationError(f"cluster: every node of {c.name} is lost and none is free "
-                                  "to replace them")
-        if len(mine) * per != c.count:  # fewer nodes
-            _rebill(c, len(mine) * per, time.time())
-        c.nodes = len(mine)
-        c.count = c.nodes * per
-        return c, notes
-
-
-def _rebill(c: Cluster, count: int, now: float) -> None:
+def rebill(c: Cluster, count: int, now: float) -> None:
     """The cluster changes size at `now`: bank the cost at the old rate, then bill `count`."""
     c.banked_usd = cost.accrued_usd(c.usd_per_hour, c.started_at, None, now,
                                     c.banked_usd or 0.0, c.rate_since)
@@ -278,7 +239,8 @@ def resize(store: Store, cluster_id: int, count: int, nodes: list[Node]) -> Clus
         if c.nodes != 1:
             raise AllocationError(f"count: cluster {c.name} spans {c.nodes} nodes; only one-node "
                                   "clusters change size")
-        rows = list(s.scalars(select(Reservation).where(Reservation.cluster_id == c.id)
+        rows = list(s.scalars(select(Reservation).where(Reservation.cluster_id == c.id,
+                                                        Reservation.spare.is_(False))
                               .order_by(Reservation.device_index)).all())
         if count < len(rows):
             for r in rows[count:]:
@@ -293,7 +255,7 @@ def resize(store: Store, cluster_id: int, count: int, nodes: list[Node]) -> Clus
             grown = Placement(rows[0].node_id, rows[0].address,
                               tuple(sorted(free, key=lambda d: d.index)[:need]))
             s.add_all(reservation_rows(c, [grown]))
-        _rebill(c, count, now)
+        rebill(c, count, now)
         c.count = count
         return c
 
@@ -316,8 +278,15 @@ def placements(store: Store, cluster: Cluster) -> list[Placement]:
     return placements_of(store, [cluster])[cluster.id]
 
 
-def placements_of(store: Store, found: list[Cluster]) -> dict[int, list[Placement]]:
-    """`placements` of several clusters (by id) in one query, for lists of many."""
+def spares(store: Store, cluster: Cluster) -> list[Placement]:
+    """The spare nodes the cluster holds beside its own (`--spares`), by node."""
+    return placements_of(store, [cluster], spare=True)[cluster.id]
+
+
+def placements_of(store: Store, found: list[Cluster],
+                  spare: bool = False) -> dict[int, list[Placement]]:
+    """`placements` of several clusters (by id) in one query, for lists of many (`spare`:
+    their spare nodes instead)."""
     by_id = {c.id: c for c in found}
     ids = list(by_id)
     grouped: dict[int, dict[str, list[tuple[str, str, int]]]] = {cid: {} for cid in by_id}
@@ -326,7 +295,8 @@ def placements_of(store: Store, found: list[Cluster]) -> dict[int, list[Placemen
             for cid, nid, address, did, index in s.execute(  # columns: no ORM objects
                     select(Reservation.cluster_id, Reservation.node_id, Reservation.address,
                            Reservation.device_id, Reservation.device_index)
-                    .where(Reservation.cluster_id.in_(ids[at:at + 500]))
+                    .where(Reservation.cluster_id.in_(ids[at:at + 500]),
+                           Reservation.spare.is_(spare))
                     .order_by(Reservation.cluster_id, Reservation.node_id,
                               Reservation.device_index)):
                 grouped[cid].setdefault(nid, []).append((address, did, index))
@@ -390,7 +360,7 @@ def regrant(store: Store, cluster_id: int, nodes: list[Node], engine_ref: str) -
         s.add_all(reservation_rows(c, [Placement(n.id, n.address, n.devices) for n in nodes]))
         count = sum(len(n.devices) for n in nodes)
         if count != c.count:
-            _rebill(c, count, time.time())
+            rebill(c, count, time.time())
         c.nodes, c.count, c.engine_ref = len(nodes), count, engine_ref
         return c
 

@@ -80,7 +80,8 @@ def check_on_nodes(store: Store, spec: JobSpec, cluster: Cluster,
     if not spec.image or capabilities(cluster.backend).this_host:
         return
     engine = pools.backend_for(pools.pool_of(store, cluster))
-    _check(engine, [p.node_id for p in clusters.placements(store, cluster)], spec,
+    held = clusters.placements(store, cluster) + clusters.spares(store, cluster)  # spares: pulled
+    _check(engine, [p.node_id for p in held], spec,
            cluster.engine_ref or "", say)
 
 

@@ -117,7 +117,7 @@ def _book(s: Session, c: Cluster, due: billing.Due, last: LedgerRow | None, book
     """Post `due` to the account whose rows add up to `booked` and end with `last`; `payer`:
     the rows' job (None: idle time), user and team."""
     got = billing.post(_line(last) if last is not None else None, booked, due,
-                       billing.Rate(c.usd_per_hour, c.price_book, c.count),
+                       billing.Rate(c.usd_per_hour, c.price_book, c.billed_devices),
                        keep_zero=due.job_id is not None)
     if last is not None and got.last is not None:
         last.micro_usd, last.end, last.open = got.last.micro_usd, got.last.end, got.last.open

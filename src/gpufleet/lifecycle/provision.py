@@ -60,7 +60,8 @@ def allocation(store: Store, spec: ClusterSpec,
     prow = pools.resolve(store, spec.pool, spec.backend)
     nodes = pools.backend_for(prow, cpu_slots).discover()
     alloc = clusters.check(store, spec, nodes, prow.name if prow else None)
-    return list(alloc.placements), clusters.network_of(spec, alloc, nodes)
+    own = alloc.placements[:len(alloc.placements) - spec.spares]  # not the spare nodes
+    return list(own), clusters.network_of(spec, alloc, nodes)
 
 
 def provision(store: Store, spec: ClusterSpec, approve: Approve | None,

@@ -58,12 +58,13 @@ def need_of(store: Store, spec: JobSpec) -> Need:
     if isinstance(spec.cluster, ClusterSpec):
         c = spec.cluster
         rate = clusters.quote_for(c).usd_per_hour
-        return Need(c.pool or "local", c.gpu, c.count, None, rate, spec.time_limit_s)
+        # spare nodes are held and billed too: the queue waits for them, quotas count them
+        return Need(c.pool or "local", c.gpu, c.billed_count, None, rate, spec.time_limit_s)
     assert spec.cluster is not None
     row = clusters.get(store, spec.cluster)
     if row.status not in clusters.ACTIVE:
         raise ConflictError(f"cluster: '{row.name}' is {row.status}; launch a new one")
-    return Need(row.pool or "local", row.gpu, row.count, row.name, row.usd_per_hour,
+    return Need(row.pool or "local", row.gpu, row.billed_devices, row.name, row.usd_per_hour,
                 spec.time_limit_s)
 
 

@@ -6,7 +6,18 @@ SQLite never enforced them and the code was written so, and PostgreSQL is not ma
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # A 64-bit integer on both backends: PostgreSQL's INTEGER is 32 bits (a 100 GB disk, or ids after
@@ -59,6 +70,13 @@ class Cluster(Base):
     engine_ref: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # stopped, and every second of it booked in the ledger: `ledger.accrue` looks no more
     settled: Mapped[bool | None] = mapped_column(Boolean, nullable=True, default=False)
+    # whole spare nodes held now beside `nodes` (`--spares`; lifecycle/spares.py): billed too
+    spares: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+    @property
+    def billed_devices(self) -> int:
+        """The devices its rate is for: its own and its spare nodes' (what the ledger books)."""
+        return self.count + (self.spares or 0) * (self.count // max(1, self.nodes))
 
 
 class Pool(Base):
@@ -91,6 +109,9 @@ class Reservation(Base):
     address: Mapped[str] = mapped_column(String(64))
     device_id: Mapped[str] = mapped_column(String(32))
     device_index: Mapped[int] = mapped_column(Integer)
+    # a whole node held beside the cluster's own (`--spares`): not placed on, but held, billed
+    # and warmed; a heal makes it one of the cluster's (lifecycle/spares.py)
+    spare: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Job(Base):

@@ -20,7 +20,7 @@ from gpufleet.backends.base import RunRequest
 from gpufleet.errors import GpufleetError
 from gpufleet.launch import run_env, warm_restart
 from gpufleet.launch.torchrun import JobContext
-from gpufleet.lifecycle import clusters, engine_heal, jobs
+from gpufleet.lifecycle import clusters, engine_heal, jobs, spares
 from gpufleet.store import Job
 from gpufleet.supervise import elastic, outcome
 from gpufleet.supervise import events as ev
@@ -101,7 +101,8 @@ class Effects:
             workers=action.workers, ctx=ctx, job_dir=job_dir,
             run_id=f"{run.job.name}-{action.run}", survive_env=survive,
             cluster_name=run.cluster.name, cluster_devices=run.cluster.count,
-            engine_ref=run.cluster.engine_ref or ""))
+            engine_ref=run.cluster.engine_ref or "",
+            spares=clusters.spares(run.store, run.cluster)))
         # who started the run: `reconcile` ends only this supervisor's leftovers, not a resumed run
         mine = run_env.identity_env(run.job.name, run.job.job_dir, os.getpid())
         env = run_env.workers_env(os.environ, prepared.env, survive, mine, spec.env,
@@ -190,7 +191,7 @@ class Effects:
         else:
             nodes = [dataclasses.replace(n, healthy=False) if n.id in lost else n
                      for n in run.backend.discover()]
-            healed, notes = clusters.heal(run.store, run.cluster, nodes)
+            healed, notes = spares.heal(run.store, run.cluster, nodes)
             run.cluster_changed(healed)
         if run.spec.workers_per_node is None:
             workers = run.cluster.count

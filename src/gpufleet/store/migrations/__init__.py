@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 from gpufleet.store.migrations import legacy
 from gpufleet.store.models import Base
 
-HEAD = "0005"  # the newest revision in versions/
+HEAD = "0006"  # the newest revision in versions/
 BASELINE = "0001"  # the schema of the versions before Alembic (SQLite schema 2)
 TABLE = "alembic_version"
 

@@ -16,7 +16,8 @@ BASELINE_TABLES = ("clusters", "pools", "reservations", "jobs", "job_events", "m
                    "findings")
 AFTER_BASELINE = {("jobs", "user"), ("jobs", "team"), ("clusters", "user"),  # from 0002 on
                   ("jobs", "billed_micro_usd"), ("jobs", "run_from_micro_usd"),  # 0005
-                  ("clusters", "settled")}
+                  ("clusters", "settled"), ("reservations", "spare"),
+                  ("clusters", "spares")}  # 0006
 
 
 def _rekey_reservations(conn: Connection) -> None:
