@@ -47,6 +47,7 @@ from gpufleet.reportauth import KEY_ENV
 
 PLACE_FAILED_EXIT = 70
 PREPARE_TIMEOUT_S = 120.0  # version check, torch import, shipping: per host
+WARM_TIMEOUT_S = 3600.0  # a spare's setup (a `pip install`) may take long; the run goes on
 PROBE_TIMEOUT_S = 3  # a fresh connection to a host that looks lost
 LOST_SSH_EXIT = 255  # ssh's own exit when the connection failed or dropped
 NODE_MODULE = "gpufleet.backends.ssh_node"
@@ -81,12 +82,12 @@ class Driver(NodeDriver):
     def call(self, i: int, verb: list[str], data: bytes = b"") -> tuple[int, str, str]:
         return self.call_argv(self.argv(i, verb), data)
 
-    def call_argv(self, argv: list[str], data: bytes = b"") -> tuple[int, str, str]:
+    def call_argv(self, argv: list[str], data: bytes = b"",
+                  timeout_s: float = PREPARE_TIMEOUT_S) -> tuple[int, str, str]:
         try:
-            done = subprocess.run(argv, input=data, capture_output=True,
-                                  timeout=PREPARE_TIMEOUT_S)
+            done = subprocess.run(argv, input=data, capture_output=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return LOST_SSH_EXIT, "", f"no answer in {PREPARE_TIMEOUT_S:.0f} s"
+            return LOST_SSH_EXIT, "", f"no answer in {timeout_s:.0f} s"
         return (done.returncode, done.stdout.decode("utf-8", "replace"),
                 done.stderr.decode("utf-8", "replace"))
 
@@ -212,7 +213,7 @@ class Driver(NodeDriver):
         order = {"job": self.ssh["job"], "digest": digest, "setup": self.ssh["setup"],
                  "node": node_id}
         code, out, err = self.call_argv(self.spare_argv(node_id, ["warm"]),
-                                        (json.dumps(order) + "\n").encode())
+                                        (json.dumps(order) + "\n").encode(), WARM_TIMEOUT_S)
         if code != 0:
             return f"{where} not warmed: {_first(err) or out.strip()[-300:] or f'exit {code}'}"
         setup = json.loads(out.strip().splitlines()[-1]).get("setup", "none")

@@ -7,7 +7,8 @@ backends/ssh_run.py). When a node is lost the heal makes a spare one of the clus
 same write transaction, so the next run starts at once on a node nobody else could take and
 that already holds what the job needs; then it reserves a new spare from the free nodes, which
 the next run warms. With no spare left a free node is reserved as before; with none free the
-job goes on with the healthy nodes alone.
+job goes on with the healthy nodes alone. Spares that could not be made up are tried again at
+the next heal, not before.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def heal(store: Store, cluster: Cluster, nodes: list[Node]) -> tuple[Cluster, li
             exclusive.pop(rows[0].node_id, None)
 
         def take_free(spare_row: bool) -> str:
-            """A whole free node like the others reserved; its note ('' when none is free)."""
+            """A whole free node like the others reserved (AllocationError: none is free); how
+            the note names it."""
             got = allocate(c.gpu, per, 1, c.network,
                            [n for n in nodes if n.id not in mine and n.id not in spare],
                            reserved, exclusive, price=clusters.price_per_gpu, whole=whole)
