@@ -186,6 +186,16 @@ def lab(name: str) -> tuple[Path, Path, dict[str, str], Path | None, dict[str, s
     return tmp, durable, harness, started, env
 
 
+def add_two(env: dict[str, str], tmp: Path, harness: dict[str, str]) -> None:
+    """The SSH pool `two`: the first two test machines of the harness's hostfile."""
+    lines = [ln for ln in Path(harness["GPUFLEET_TEST_HOSTFILE"]).read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    two = tmp / "hostfile-two"
+    two.write_text("\n".join(lines[:2]) + "\n")
+    cli(env, "pool", "add", "ssh", "--name", "two", "--hostfile", str(two), "--no-default",
+        timeout=120)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=3)

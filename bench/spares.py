@@ -36,6 +36,7 @@ from pathlib import Path
 from machines import (
     HARNESS,
     RUN_TIMEOUT_S,
+    add_two,
     first_step_after,
     job_log,
     lab,
@@ -98,15 +99,10 @@ def main() -> int:
     p.add_argument("--setup-s", type=float, default=10.0)
     args = p.parse_args()
     tmp, durable, harness, started, env = lab("spares")
-    lines = [ln for ln in Path(harness["GPUFLEET_TEST_HOSTFILE"]).read_text().splitlines()
-             if ln.strip() and not ln.startswith("#")]
-    two = tmp / "hostfile-two"
-    two.write_text("\n".join(lines[:2]) + "\n")
     results: dict[tuple[str, int], list[float]] = {}
     setups = [("none", ""), (f"sleep {args.setup_s:g}", f"sleep {args.setup_s:g}")]
     try:
-        cli(env, "pool", "add", "ssh", "--name", "two", "--hostfile", str(two), "--no-default",
-            timeout=120)
+        add_two(env, tmp, harness)
         folder = project(tmp, "project")
         n = 0
         for label, setup in setups:

@@ -6,6 +6,10 @@ Rank 0 appends one JSON line per event to --events, each with a wall-clock time 
 and its pid (a new pid is a new run): `start` (the process began, before importing torch),
 `joined` (the process group is up), `resumed` (the checkpoint is loaded; `step` is where it
 resumes from, 0 on a fresh run) and `step` (a step completed).
+
+`--die-at STEP` (bench/node_restarts.py, whose ranks run on machines it cannot reach): in the
+job's first run the last rank prints `{"event": "died", "t": ...}` after step STEP and SIGKILLs
+itself.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ T_START = time.time()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -31,7 +36,8 @@ from gpufleet import train  # noqa: E402
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--events", type=Path, required=True)
+    p.add_argument("--events", type=Path, default=None)
+    p.add_argument("--die-at", type=int, default=0)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
     p.add_argument("--step-sleep", type=float, default=0.1, help="seconds of 'work' per step")
@@ -41,6 +47,8 @@ def main() -> None:
     args = p.parse_args()
 
     def log(event: str, **fields: Any) -> None:
+        if args.events is None:
+            return
         with args.events.open("a") as f:
             f.write(json.dumps({"event": event, "t": time.time(), "pid": os.getpid(),
                                 "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
@@ -86,6 +94,10 @@ def main() -> None:
         train.report(step, loss=loss.item(), samples=args.batch * ctx.world_size,
                      total_steps=args.steps, step_time_seconds=time.perf_counter() - t0)
         ckpt.step(step)
+        if step == args.die_at and ctx.rank == ctx.world_size - 1 and \
+                os.environ.get("GPUFLEET_RUN", "1") == "1":
+            print(json.dumps({"event": "died", "t": time.time()}), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
     ckpt.close()
     train.cleanup()
 

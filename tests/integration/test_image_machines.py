@@ -4,7 +4,8 @@ the test machines, each with its own podman store holding the test image) and on
 What a user would check: the pool's default image applies to its jobs, the example GPT trains
 across two machines with each node's launcher and workers in the image (the image's own
 interpreter; gpufleet's worker side mounted from the node's install, not the submitter's), a
-killed supervisor leaves no container on any machine, a missing image is one line naming the
+failed rank restarts inside each machine's running container, a killed supervisor leaves no
+container on any machine, a missing image is one line naming the
 image and the machine; on Slurm, the same GPT in the image through each node's podman inside
 the step, with the clean-up step saying what it removed; and on the Ray pool, through
 gpufleet's node agent on each Ray node starting the container (not Ray's `image_uri`).
@@ -12,9 +13,11 @@ gpufleet's node agent on each Ray node starting the container (not Ray's `image_
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -103,6 +106,30 @@ def test_a_killed_supervisor_leaves_no_container_on_any_machine(pool: Pool, slow
         assert time.monotonic() < deadline, f"containers left: {pool.containers(job)}"
         time.sleep(1.0)
     assert pool.lab.status(job)["status"] == "interrupted"
+
+
+def test_a_failed_rank_restarts_inside_each_machines_running_container(pool: Pool) -> None:
+    """A warm job in the image whose last rank fails in its first run: each machine's launcher
+    waits in its container and forks the next run's ranks there (backends/node_restart.py; the
+    node's decision file is in the job folder the container mounts): one container per
+    machine for both runs, none left after."""
+    shutil.copy(WORKERS / "warm_probe.py", pool.lab.cwd / "warm_probe.py")
+    durable = Path(tempfile.mkdtemp(prefix="gfim-", dir="/run"))  # every machine sees /run
+    try:
+        done = pool.lab("run", "--gpu", "cpu", "--count", "2", "--nodes", "2", "--name", "again",
+                        "-y", "--max-restarts", "1", "--checkpoint-to", str(durable),
+                        "warm_probe.py", "--", "--fail-first-run", "4", timeout=RUN_TIMEOUT)
+    finally:
+        shutil.rmtree(durable, ignore_errors=True)
+    log = pool.lab.ok("logs", "again").stdout
+    assert done.returncode == 0, log[-3000:]
+    found = re.findall(r"probe rank (\d) warm=True name=__main__ .* forkserver_parent=True "
+                       r"frozen=\d+ run=(\d)", log)
+    assert sorted(found) == [("0", "1"), ("0", "2"), ("1", "1"), ("1", "2")], log[-3000:]
+    assert log.count("run 2: the workers restart inside the running launcher") == 2, log[-3000:]
+    started = [ln for ln in log.splitlines() if f"launcher in image {pool.image}" in ln]
+    assert len(started) == 2, log[-3000:]  # one container per machine, for both runs
+    assert pool.containers("again") == {n: [] for n in pool.hosts.names}
 
 
 def test_a_missing_image_is_one_line_naming_the_image_and_the_machine(pool: Pool) -> None:

@@ -387,7 +387,8 @@ def test_a_warm_job_forks_its_ranks_on_every_ray_node_and_again_after_a_restart(
         rfleet: Fleet) -> None:
     """`--warm` through Ray: each node agent's torchrun is gpufleet's warm launcher, whose two
     ranks fork from a forkserver with torch imported, in the first run and in the run after a
-    rank's failure (each node's launcher is started again: a multi-node restart)."""
+    rank's failure, which restarts inside the running launchers (the decision reaches each
+    node's actor: backends/node_restart.py)."""
     rfleet.ok("run", str(WORKERS / "warm_probe.py"), "--gpu", "H100", "--count", "4", "--nodes",
               "2", "--network", "infiniband", "--name", "rw", "--max-restarts", "1", "--warm",
               "-d", "-y", "--", "--fail-first-run", "4")
@@ -402,6 +403,9 @@ def test_a_warm_job_forks_its_ranks_on_every_ray_node_and_again_after_a_restart(
     assert {(warm, forked) for _, _, warm, forked, _ in found} == {("True", "True")}, found
     assert len({node for node, *_ in found}) == 2, found  # the ranks of two nodes
     assert "warm start off" not in log
+    assert len(re.findall(r"\[(head|worker\d)\]: gpufleet: run 2: the workers restart inside "
+                          r"the running launcher", log)) == 2, log[-3000:]
+    assert log.count("torchrun started on 2 node(s)") == 1, log[-3000:]
     restarting = next(e["reason"] for e in _events(rfleet, "rw") if e["kind"] == "restarting")
     assert restarting.startswith("rank 3 failed (exit code 1)"), restarting
     assert "failed to shutdown the rendezvous" not in log.split("restart 1:")[-1], log[-3000:]

@@ -306,7 +306,8 @@ def test_a_warm_job_forks_its_ranks_on_every_node_and_again_after_a_restart(
         sfleet: Fleet) -> None:
     """`--warm` on two Slurm nodes: each node's step runs gpufleet's warm launcher, whose
     ranks fork from a forkserver with torch imported, in the first run and in the run after
-    a rank's failure (a new launcher per node: multi-node restarts start one)."""
+    a rank's failure, which restarts inside the running launchers: the decision reaches each
+    step on its stdin (backends/node_restart.py), and no step is started again."""
     sfleet.ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--max-restarts", "1",
               "--warm", "-y", "-d", "--name", "w", str(WORKERS / "warm_probe.py"), "--",
               "--fail-first-run", "4", timeout=120)
@@ -321,6 +322,9 @@ def test_a_warm_job_forks_its_ranks_on_every_node_and_again_after_a_restart(
     assert {(warm, forked) for _, _, warm, forked, _ in found} == {("True", "True")}, found
     assert "probe rank 1 failing in the first run as asked" in log
     assert "warm start off" not in log
+    assert len(re.findall(r"\[(head|worker1)\]: gpufleet: run 2: the workers restart inside "
+                          r"the running launcher", log)) == 2, log[-3000:]
+    assert log.count("torchrun starting on 2 node(s)") == 1, log[-3000:]
     restarting = next(e["reason"] for e in final["events"] if e["kind"] == "restarting")
     assert "rank 1 failed (exit code 1)" in restarting, final["events"]
     # the successful run's end: the head's launcher, which hosts the rendezvous store, waits

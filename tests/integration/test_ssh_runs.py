@@ -33,6 +33,7 @@ from ssh_pool_lab import (
     ssh_pool,
 )
 
+from gpufleet.launch.warm_restart import parked_code
 from gpufleet.reportauth import KEY_ENV
 
 
@@ -189,18 +190,22 @@ def test_a_failing_ranks_error_record_comes_back(pool: Pool, boom: Any) -> None:
     assert any("boom at step 2 on rank 3" in f.read_text() for f in records), records
 
 
-def test_a_second_run_with_the_same_workdir_ships_nothing_and_sets_up_nothing(
+def test_the_restart_keeps_each_machines_launcher_and_ships_and_sets_up_nothing(
         pool: Pool, boom: Any) -> None:
+    """Warm workers restart in place on both machines (backends/node_restart.py): one driver,
+    one launcher per machine, the supervisor told once per run that every node waits; the
+    workdir shipped and set up once; the job's last run lets the copies go."""
     log = pool.log("boom")
     shipped = re.findall(r"workdir \w+: (\d+) bytes shipped to (\w+)", log)
-    assert len(shipped) == 4, shipped  # two runs, two machines each
-    assert [int(n) > 0 for n, _ in shipped[:2]] == [True, True]
-    assert [int(n) for n, _ in shipped[2:]] == [0, 0]
-    # the setup's output is in the job's log: once on each machine, in the first run only
-    first_run_ends = log.index("0 bytes shipped")  # the second run's first line of it
+    assert sorted(n for _, n in shipped) == ["head", "worker1"], shipped  # the first run only
+    assert all(int(n) > 0 for n, _ in shipped)
+    assert log.count("torchrun starting on 2 host(s)") == 1, log[-3000:]
+    assert log.count("run 2: the workers restart inside the running launcher") == 2
+    assert len(re.findall(r"this node's workers ended \(exit code 1, run [12]\)", log)) == 4
+    runs = [parked_code(ln) for ln in log.splitlines() if parked_code(ln) is not None]
+    assert runs == [1, 1], log[-3000:]  # one line per run, once every node waited
     ran = re.findall(r"setup: set up on (m\d)", log)
     assert sorted(ran) == sorted(set(ran)) and len(ran) == 2, log[-3000:]
-    assert all(log.index(f"setup: set up on {m}") < first_run_ends for m in ran)
     assert pool.wait_clean() == {}  # the job's last run removed the copies and setup marks
 
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from gpufleet.backends import files_back
-from gpufleet.backends.node_driver import NodeAgent
+from gpufleet.backends.node_agent import NodeAgent
 
 RECORD = "torchrun/r_x/attempt_0/1/error.json"
 
@@ -95,7 +95,7 @@ def test_the_agent_sends_the_files_back_after_the_last_line_once(tmp_path: Path)
 
 
 def test_a_node_without_the_submitters_files_runs_its_own_bootstrap() -> None:
-    from gpufleet.backends.node_driver import own_site
+    from gpufleet.backends.node_agent import own_site
 
     mine, theirs = "/srv/env/gpufleet/bootstrap/site", "/home/ann/src/gpufleet/bootstrap/site"
     assert own_site(f"{theirs}:/home/ann/proj", mine, lambda p: False) == f"{mine}:/home/ann/proj"

@@ -68,6 +68,9 @@ class Prepared:
     # engine's driver runs on the host and each node plan carries the image instead
     container: Container | None = None
     run_id: str = ""
+    # what else must be the same for a waiting launcher to take the next run in place
+    # (launch/warm_restart.py) where `argv` is not all of it: a driver's nodes and devices
+    shape: str = ""
 
 
 class Backend(Protocol):

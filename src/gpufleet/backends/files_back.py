@@ -8,7 +8,7 @@ framed line each after the node's last output, and the driver writes them into t
 at the path they have there: `status` and the failure reason (supervise/blame.py) then read
 them as on the local pool, and nothing reads a node's disk afterwards.
 
-Engine-neutral: the SSH node (ssh_node), the Ray and Slurm agent (node_driver.NodeAgent) and
+Engine-neutral: the SSH node (ssh_node), the Ray and Slurm agent (node_agent.NodeAgent) and
 their drivers all use it.
 """
 

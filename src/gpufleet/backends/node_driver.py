@@ -1,5 +1,5 @@
-"""What a multi-node run's driver does whatever the engine: the per-node agent, the node
-tags on every line, and the watch over the nodes (fail fast, lost nodes, stop on SIGTERM).
+"""What a multi-node run's driver does whatever the engine: the node tags on every line, and
+the watch over the nodes (fail fast, lost nodes, restarts in place, stop on SIGTERM).
 
 A driver (`python -m gpufleet.backends.ray_run PLAN.json`, `... slurm_run PLAN.json`) is what
 the supervisor starts in place of torchrun for a cluster of several nodes. Each engine says
@@ -12,12 +12,13 @@ step in the allocation); `NodeDriver` does the rest the same way for all of them
   the driver exits naming it, NODE_LOST_EXIT after a `NodeLostError:` line for a lost node
   (its id also written beside the plan, so the heal replaces it even before the engine has
   marked it dead); no node waits on a dead peer;
+- a node whose warm launcher waits with its workers ended (launch/warm_restart.py) is not
+  ended: once every node's waits, the driver says so once and carries the supervisor's
+  decision to every node (`in_place`, node_restart.py), so a restart keeps every launcher;
 - it exits 0 when every node's torchrun did;
 - on SIGTERM (`stop_asked`) it ends every node and exits 143.
 
-On each node, `NodeAgent` runs the node's torchrun under a keeper (backends/keeper.py: the
-node's whole tree ends when the agent does) and samples the node's devices once a second for
-the supervisor, signed with the job's key.
+On each node, `node_agent.NodeAgent` runs the node's torchrun under a keeper.
 """
 
 from __future__ import annotations
@@ -28,23 +29,15 @@ import os
 import queue
 import re
 import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet.backends import files_back, keeper, node_net
 from gpufleet.backends.exits import NODE_LOST_EXIT
-from gpufleet.backends.node_image import in_image
-from gpufleet.bootstrap import SITE_DIR
-from gpufleet.launch.container import NodeSide
-from gpufleet.reportauth import Signer, signer_from_env
-from gpufleet.telemetry import wire
+from gpufleet.backends.node_restart import Parks, order_line
+from gpufleet.launch import warm_restart
+from gpufleet.launch.warm_restart import RESTART_FILE_VAR, Decision
 
 POLL_S = 0.2
 # After a node's own failure, how long the other nodes get to end by themselves before they are
@@ -54,136 +47,6 @@ POLL_S = 0.2
 # rank within moments (a closed connection), so the wait ends long before this as a rule.
 PEERS_END_S = 5.0
 STOPPED_EXIT = 143  # the driver's exit after a stop: as a process ended by SIGTERM
-
-
-class NodeAgent:
-    """Runs one node's torchrun inside a Ray actor on that node. Methods run one at a time."""
-
-    def __init__(self, node: str, report_addr: str):
-        """`node`: the pool's node id, which labels the device samples as the ranks' reports."""
-        self.node, self.report_addr = node, report_addr
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.lifeline: int | None = None  # the write end of the keeper's lifeline, held for good
-        self.lines: deque[str] = deque(maxlen=100_000)
-        self.reader: threading.Thread | None = None
-        self.stopping = threading.Event()
-        self.signer: Signer | None = None
-        self.back_from: Path | None = None  # the job folder this node does not see
-        self.started_at = 0.0
-        self.sides: dict[str, NodeSide] = {}  # an image's node facts, found at its first start
-
-    def ready(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "host": socket.gethostname()}
-
-    def start(self, argv: list[str], env: dict[str, str], cwd: str,
-              sampling: dict[str, Any], files_back: str | None = None,
-              container: dict[str, Any] | None = None, run: str = "") -> int:
-        """Start the node's torchrun. `files_back`: the submitter's job folder, given only for a
-        node that does not see it (the plan entry's `files_back`, launch/travel.py): what
-        torchrun writes under it is on this node's disk alone, so `drain` sends it back once
-        torchrun has ended. A node that sees the folder must not get it: the driver would
-        write each file onto itself. `container`: the plan's image (backends/node_image.py):
-        checked here first (`ImageError` before anything starts), the launcher then inside it."""
-        if argv and argv[0] == "{python}":
-            argv = [sys.executable, *argv[1:]]  # this node's interpreter, not the driver's
-        self.signer = signer_from_env(env)
-        if env.get("PYTHONPATH"):
-            env = {**env, "PYTHONPATH": own_site(env["PYTHONPATH"], str(SITE_DIR), os.path.isdir)}
-        self.back_from = Path(files_back) if files_back else None
-        self.started_at = time.time() - 1.0  # mtimes are whole seconds on some file systems
-        # the workers' interface, and a head that cannot be reached said now (node_net.py):
-        # RendezvousUnreachableError before any worker starts
-        env = {**env, **node_net.prepare(self.node, env, os.environ)}
-        after: list[str] | None = None
-        say: str | None = None
-        if container is not None:
-            got = in_image(container, run, self.node, argv, env, cwd, sides=self.sides)
-            argv, env, after, say = got.argv, {**env, **got.env}, got.after, got.say
-        # the lifeline's write end stays open in this actor process for as long as it lives
-        self.proc, self.lifeline = keeper.spawn(argv, {**os.environ, **env}, cwd, after=after,
-                                                say=say)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        threading.Thread(target=self._sample, args=(sampling,), daemon=True).start()
-        return self.proc.pid
-
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for raw in iter(self.proc.stdout.readline, b""):
-            self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
-
-    def drain(self) -> tuple[list[str], int | None]:
-        """Lines since the last call, and the exit code once torchrun ended and its output
-        was read to the end; with that code, after the last line, the files to send back
-        (files_back.framed: this run's files under the job folder's `torchrun/`), once."""
-        code = self.proc.poll() if self.proc is not None else None
-        if code is not None and self.reader is not None:
-            self.reader.join(timeout=2)
-        out = []
-        while self.lines:
-            out.append(self.lines.popleft())
-        if code is not None and self.back_from is not None:
-            out.extend(files_back.framed(self.back_from, since=self.started_at))
-            self.back_from = None
-        return out, code
-
-    def stop(self, grace_s: float) -> int | None:
-        """SIGTERM torchrun and its workers (each in a session of its own), SIGKILL what is
-        left after `grace_s`, and let the keeper end by itself once it removed the run's
-        container (backends/proc_tree.py: killed with the rest, it left the container)."""
-        from gpufleet.backends.proc_tree import end_kept
-
-        self.stopping.set()
-        if self.proc is None:
-            return None
-        proc = self.proc
-
-        def wait(timeout: float) -> int | None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                return proc.wait(timeout=timeout)
-            return None
-
-        return end_kept(proc.pid, wait, grace_s)
-
-    def _sample(self, sampling: dict[str, Any]) -> None:
-        """Device samples once a second to the supervisor, keyed by the device's position in
-        the cluster. Telemetry must never take the node down: any error ends sampling only."""
-        from gpufleet.telemetry.collect import CpuSampler, NvmlSampler
-
-        host, _, port = self.report_addr.rpartition(":")
-        ids: list[str] = sampling["devices"]
-        base: int = sampling["key_base"]
-        try:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            cpu = nvml = None
-            if sampling["on_cpu"]:
-                cpu = CpuSampler(ids, sampling["threads"], sampling["memory_per_slot"],
-                                 rank_var="LOCAL_RANK")
-            else:
-                nvml = NvmlSampler(sampling["indices"], ids)
-            while not self.stopping.wait(1.0 - time.time() % 1.0):
-                if self.proc is None or self.proc.poll() is not None:
-                    break
-                if cpu is not None:
-                    cpu.find(self.proc.pid)
-                found = cpu.sample() if cpu is not None else nvml.sample() if nvml else []
-                if found and self.signer is not None:
-                    rec = wire.device_samples_record(
-                        self.node, time.time(), [(base + s.key, s.device, s.name, s.value) for s in found])
-                    with contextlib.suppress(OSError):
-                        sock.sendto(self.signer.seal(json.dumps(rec).encode()),
-                                    (host, int(port)))
-        except Exception:  # see the docstring
-            return
-
-
-def own_site(pythonpath: str, site: str, exists: Callable[[str], bool]) -> str:
-    """`pythonpath` with the submitter's gpufleet bootstrap folder (`.../gpufleet/bootstrap/site`,
-    first on every worker's path) made this node's `site` where the node does not have the
-    submitter's: a node that does not see the submitter's files has its own gpufleet, and
-    without the bootstrap its workers would write no error record (bootstrap/errorfile.py)."""
-    return ":".join(site if p.endswith("/gpufleet/bootstrap/site") and not exists(p) else p
-                    for p in pythonpath.split(":"))
 
 
 def pump(i: int, out: IO[bytes] | None, into: queue.Queue[tuple[int, str]]) -> None:
@@ -212,6 +75,12 @@ class NodeDriver:
         self.plan, self.lost_path = plan, lost_path
         self.nodes: list[dict[str, Any]] = plan["nodes"]
         self.stop_asked = False
+        # restarts in place (node_restart.py): where the supervisor writes its decision, which
+        # nodes wait for it, and the run the nodes' launchers are on
+        self.decisions = os.environ.get(RESTART_FILE_VAR)
+        self.parks = Parks(len(self.nodes))
+        env0 = self.nodes[0].get("env", {}) if self.nodes else {}
+        self.run_no = int(env0.get(warm_restart.RUN_VAR, "0") or 0)
 
     # -- what each engine says ------------------------------------------------------------------
     def place(self) -> int | None:
@@ -234,6 +103,16 @@ class NodeDriver:
 
     def lost_text(self, lost: set[str], how: str) -> str:
         raise NotImplementedError
+
+    def relay(self, line: str) -> None:
+        """Send an order line (node_restart.py) to every node's agent; engines whose plans
+        offer restarts in place (`GPUFLEET_RESTART_FILE` in a node's entry) fill this in."""
+        raise NotImplementedError
+
+    def next_is_final(self) -> bool:
+        """Whether the run the supervisor just asked for is the job's last (the plan it
+        wrote for it says): the nodes let the job's workdir go after it."""
+        return False
 
     def end_all(self, grace_s: float) -> None:
         """End every node's workers: SIGTERM, and what is left after `grace_s` killed."""
@@ -296,9 +175,7 @@ class NodeDriver:
                 # lost node before blaming the one that failed
                 lost, how = self.confirm_lost()
             if lost:
-                self.lost(self.lost_text(lost, how), lost)
-                self.end_all(grace_s=5.0)
-                return NODE_LOST_EXIT
+                return self.ended_lost(lost, how)
             if failed is not None:
                 i, code = failed
                 self.say(f"node {self.nodes[i]['name']} exited with code {code}; ending the "
@@ -306,6 +183,90 @@ class NodeDriver:
                 self.let_peers_end(len(ended))
                 self.end_all(grace_s=10.0)
                 return code
+            if self.parks.first() is not None:
+                ends = self.in_place()
+                if ends is not None:
+                    return ends
+                continue
             if len(ended) == len(self.nodes):
                 return 0
             time.sleep(POLL_S)
+
+    def ended_lost(self, lost: set[str], how: str) -> int:
+        self.lost(self.lost_text(lost, how), lost)
+        self.end_all(grace_s=5.0)
+        return NODE_LOST_EXIT
+
+    def in_place(self) -> int | None:
+        """A node's launcher waits with its workers ended (node_restart.py): once every node's
+        does, one `PARKED` line for the supervisor and its decision carried to every node. The
+        driver's exit code when the run ends here; None when the nodes restart in place (or a
+        stop was asked, which the watch answers). No lost node is looked for while the nodes
+        come to wait: a lost node shows as one that does not (and Slurm's look asks the live
+        steps to end)."""
+        first = self.parks.first()
+        assert first is not None
+        _node, code, run = first
+        deadline = time.monotonic() + PEERS_END_S
+        while not self.parks.all():
+            if self.stop_asked:
+                return None
+            ended, lost = self.poll()
+            if lost:
+                return self.ended_lost(lost, "")
+            if ended or time.monotonic() > deadline:
+                others = ", ".join(n["name"] for i, n in enumerate(self.nodes)
+                                   if i not in self.parks.waiting)
+                return self.not_in_place(code, f"the launcher on {others} did not wait with "
+                                         f"the others within {PEERS_END_S:.0f} s")
+            time.sleep(POLL_S)
+        sys.stdout.write(warm_restart.parked_line(code, run) + "\n")
+        sys.stdout.flush()
+        return self.carry_decision(code)
+
+    def not_in_place(self, code: int, why: str) -> int:
+        """The run ends without a restart in place: the waiting launchers end as plain torchrun
+        would have (quietly, their nodes' clean-up run), then a lost node is looked for, then
+        what is left is ended. The next run starts new launchers."""
+        waiting = set(self.parks.waiting)
+        self.relay(order_line(Decision(0, {}, end=code), False))
+        deadline = time.monotonic() + PEERS_END_S
+        while time.monotonic() < deadline and not waiting <= set(self.poll()[0]):
+            time.sleep(POLL_S)
+        lost, how = self.confirm_lost()
+        if lost:
+            return self.ended_lost(lost, how)
+        self.say(f"{why}: ending every node; the next run starts new launchers")
+        self.end_all(grace_s=10.0)
+        return code
+
+    def carry_decision(self, code: int) -> int | None:
+        """Wait for the supervisor's decision (while answering a stop and noticing a node that
+        goes) and send it to every node: None once they restart, the exit code once they end."""
+        path = Path(self.decisions) if self.decisions else None
+        polled = time.monotonic()
+        while True:
+            if self.stop_asked:
+                return None
+            found = warm_restart.read(path) if path is not None else None
+            if found is not None and (found.end is not None or found.run > self.run_no):
+                break
+            if time.monotonic() - polled >= POLL_S:
+                polled = time.monotonic()
+                ended, lost = self.poll()
+                if lost:
+                    return self.ended_lost(lost, "")
+                if ended:
+                    gone = ", ".join(self.nodes[i]["name"] for i in sorted(ended))
+                    return self.not_in_place(code, f"{gone} ended while the run waited for "
+                                             "the supervisor")
+            time.sleep(warm_restart.POLL_S)
+        if found.end is not None:
+            self.relay(order_line(found, False))
+            self.let_peers_end(len(self.poll()[0]))
+            self.end_all(grace_s=5.0)
+            return found.end
+        self.relay(order_line(found, self.next_is_final()))
+        self.parks.clear()
+        self.run_no = found.run
+        return None

@@ -2,7 +2,7 @@
 
 gloo and NCCL pick an interface by resolving the host's name, which on a real machine is often
 127.0.1.1 or an interface the other nodes cannot reach: the job then hangs until torch's
-rendezvous timeout. So the agent (node_driver.NodeAgent), before it starts torchrun:
+rendezvous timeout. So the agent (node_agent.NodeAgent), before it starts torchrun:
 
 - sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, unless the job or the node already set them,
   to the interface this node's route to the head leaves from (the interface holding the source

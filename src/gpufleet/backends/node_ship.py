@@ -1,6 +1,6 @@
 """A node agent that also takes a workdir: the Ray actor's side of the workdir that travels.
 
-`ShippingAgent` is `node_driver.NodeAgent` with the node's part of issue 29 added, as methods
+`ShippingAgent` is `node_agent.NodeAgent` with the node's part of issue 29 added, as methods
 the driver calls before `start`: `sees` (does this node read the probe file), `place_workdir`
 (unpack the tar the driver put in Ray's object store into the node's cache, run setup once),
 `set_up_shared` (setup once in a workdir the node sees where it is) and `remove_workdir` (at the
@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from gpufleet.backends import node_workdir
-from gpufleet.backends.node_driver import NodeAgent
+from gpufleet.backends.node_agent import NodeAgent
 from gpufleet.backends.shipping import read_file_is
 
 

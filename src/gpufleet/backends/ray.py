@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 
 from gpufleet import catalog
+from gpufleet.backends import node_restart
 from gpufleet.backends.base import Prepared, RunRequest
 from gpufleet.backends.driver_procs import DriverProcs
 from gpufleet.backends.exits import lost_line, take_lost
@@ -225,11 +226,12 @@ class RayBackend(DriverProcs):
             user_env={**run.survive_env, **run.spec.env}, ready_timeout_s=60.0,
             address=self.address, loopback=loopback,
             memory_per_slot=psutil.virtual_memory().total // max(1, run.cluster_devices))
+        env = {"GPUFLEET_JOB": run.ctx.job_name, "PYTHONUNBUFFERED": "1"}
+        shape = node_restart.offer(plan, env, run.job_dir, run.spec)  # restarts in place
         path = run.job_dir / PLAN_FILE
         files = {k: v for n in plan["nodes"] for k, v in n["files"].items()}
         files[PLAN_FILE] = json.dumps(plan, indent=1)
-        return Prepared(self.driver_argv(path), {"GPUFLEET_JOB": run.ctx.job_name,
-                                                 "PYTHONUNBUFFERED": "1"}, files)
+        return Prepared(self.driver_argv(path), env, files, shape=shape)
 
 
 

@@ -203,11 +203,21 @@ class Driver(NodeDriver):
                 if self.lost_path is not None and files_back.write_back(self.lost_path.parent,
                                                                          line):
                     continue  # a file the node sent back (files_back.py), not a log line
-                sys.stdout.write(tag(name, line) + "\n")
+                sys.stdout.write(tag(name, self.parks.saw(i, line)) + "\n")
             sys.stdout.flush()
             if code is not None:
                 self.done[i] = code
         return dict(self.done), set()
+
+    def relay(self, line: str) -> None:
+        """An order (node_restart.py) to every node's agent; an agent that cannot take it is
+        a node the next poll finds lost."""
+        refs = []
+        for a in self.agents:
+            with contextlib.suppress(Exception):
+                refs.append(a.decide.remote(line))
+        with contextlib.suppress(Exception):
+            self.ray.wait(refs, num_returns=len(refs), timeout=30)
 
     def confirm_lost(self) -> tuple[set[str], str]:
         time.sleep(1.0)

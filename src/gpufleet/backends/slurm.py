@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from gpufleet.backends import alloc
+from gpufleet.backends import alloc, node_restart
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
 from gpufleet.backends.base import Prepared, RunRequest
@@ -224,11 +224,12 @@ class SlurmBackend(DriverProcs):
         plan["job_id"] = run.engine_ref
         plan["slurm_conf"] = self.slurm_conf
         plan["node_python"] = self.python
+        env = {"GPUFLEET_JOB": run.ctx.job_name, "PYTHONUNBUFFERED": "1"}
+        shape = node_restart.offer(plan, env, run.job_dir, run.spec)  # restarts in place
         path = run.job_dir / PLAN_FILE
         files = {k: v for n in plan["nodes"] for k, v in n["files"].items()}
         files[PLAN_FILE] = json.dumps(plan, indent=1)
-        return Prepared(self.driver_argv(path), {"GPUFLEET_JOB": run.ctx.job_name,
-                                                 "PYTHONUNBUFFERED": "1"}, files)
+        return Prepared(self.driver_argv(path), env, files, shape=shape)
 
     def node_lost(self, code: int, lines: list[str]) -> str | None:
         """The driver exits NODE_LOST_EXIT after a line `NodeLostError: ...`."""

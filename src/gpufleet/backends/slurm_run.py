@@ -3,7 +3,7 @@
 `python -m gpufleet.backends.slurm_run PLAN.json` is what the supervisor starts in place of
 torchrun. For each node of the cluster's allocation it starts `srun --jobid J --nodelist NODE
 --overlap ... python -m gpufleet.backends.slurm_run --node I PLAN.json`; on the node that step
-runs the node's torchrun under a keeper (`node_driver.NodeAgent`, the same agent a Ray pool
+runs the node's torchrun under a keeper (`node_agent.NodeAgent`, the same agent a Ray pool
 uses: it ends the node's whole tree when the step ends, and samples the node's devices for the
 supervisor, signed with the job's key). The step runs the pool's node interpreter (`pool add
 slurm --python`; else this machine's path, for nodes that share its files); where a node does
@@ -31,12 +31,13 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from gpufleet.backends import files_back, node_workdir, slurm_clean, slurm_travel, workdir_ship
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
-from gpufleet.backends.node_driver import NodeAgent, NodeDriver, pump, tag
+from gpufleet.backends.node_agent import NodeAgent
+from gpufleet.backends.node_driver import NodeDriver, pump, tag
 from gpufleet.backends.node_image import IMAGE_FAILED_EXIT
 from gpufleet.backends.node_net import RendezvousUnreachableError
 from gpufleet.errors import ImageError
@@ -113,8 +114,9 @@ class Driver(NodeDriver):
             argv = cmds.srun(self.job_id, n["node_id"],
                              node_argv(i, self.node_plans[i], self.plan.get("node_python")),
                              chdir="/" if i in unseen else None)
+            # stdin: srun carries the driver's orders to the step (node_restart.py)
             step = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=self.env,
+                                    stdin=subprocess.PIPE, env=self.env,
                                     start_new_session=True)
             self.steps.append(step)
             reader = threading.Thread(target=pump, args=(i, step.stdout, self.lines), daemon=True)
@@ -134,8 +136,16 @@ class Driver(NodeDriver):
                 continue  # a file an unseen node sent back (files_back.py), not a log line
             if text.startswith(("srun:", "slurmstepd:")):
                 self.said.append((i, text))
-            sys.stdout.write(tag(self.nodes[i]["name"], text) + "\n")
+            sys.stdout.write(tag(self.nodes[i]["name"], self.parks.saw(i, text)) + "\n")
         sys.stdout.flush()
+
+    def relay(self, line: str) -> None:
+        """An order (node_restart.py) on every step's stdin, which srun forwards to its task."""
+        for s in self.steps:
+            if s.poll() is None and s.stdin is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    s.stdin.write((line + "\n").encode())
+                    s.stdin.flush()
 
     def poll(self) -> tuple[dict[int, int], set[str]]:
         codes = {i: c for i, s in enumerate(self.steps) if (c := s.poll()) is not None}
@@ -266,6 +276,7 @@ def _run_node(plan: dict[str, Any], n: dict[str, Any]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=_take_orders, args=(agent, sys.stdin), daemon=True).start()
     key = {KEY_ENV: os.environ[KEY_ENV]} if KEY_ENV in os.environ else {}
     try:
         agent.start(n["argv"], {**n["env"], **key}, n["cwd"], n["sampling"], n.get("files_back"),
@@ -286,6 +297,13 @@ def _run_node(plan: dict[str, Any], n: dict[str, Any]) -> int:
         if code is not None:
             return code
         time.sleep(POLL_S)
+
+
+def _take_orders(agent: NodeAgent, stdin: IO[str]) -> None:
+    """The driver's orders (node_restart.py), as srun forwards them, to the node's agent."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in iter(stdin.readline, ""):
+            agent.decide(line)
 
 
 def _print(lines: list[str]) -> None:

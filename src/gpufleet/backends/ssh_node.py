@@ -17,7 +17,9 @@ node, and the driver maps paths both ways:
   `jobs/JOB` on the node and the submitter's workdir the placed copy, in argv, environment and
   folder; the job's `setup` runs once per workdir digest; then the node's torchrun runs under
   the same `NodeAgent` as on Ray and Slurm (keeper, signed device samples), its lines on stdout.
-  The rest of stdin is the driver's heartbeat: a `stop` line ends torchrun gracefully; EOF (the
+  The rest of stdin is the driver's heartbeat and orders: `restart JSON` or `end CODE` is the
+  supervisor's decision for a launcher that waits (backends/node_restart.py; the failed run's
+  files go back before its `PARKED` line); a `stop` line ends torchrun gracefully; EOF (the
   driver or its connection gone), or no line for `SILENT_S`, ends it too, so no worker outlives a
   killed driver or a dropped connection. When torchrun has ended, the files it wrote under the
   job folder's `torchrun/` (per-rank logs, error records) go back to the driver as framed lines
@@ -35,12 +37,15 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from gpufleet.backends import files_back, node_net, node_workdir
 from gpufleet.backends.node_image import IMAGE_FAILED_EXIT
+from gpufleet.backends.node_restart import END, RESTART, order_line, parse_order
 from gpufleet.errors import ImageError
+from gpufleet.launch.warm_restart import Decision, parked_code
 
 SILENT_S = 20.0  # the driver sends a line every second; this long without one: it is gone
 #                 (generous: a driver on a loaded machine may stall for seconds)
@@ -118,10 +123,11 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-def send_back(node_job: Path, out: IO[str]) -> int:
+def send_back(node_job: Path, out: IO[str], since: float = 0.0) -> int:
     """Every file torchrun wrote under the node's job folder (`torchrun/`: per-rank logs, error
-    records) as framed lines (files_back); how many. The folder is this run's alone."""
-    lines = files_back.framed(node_job)
+    records) since `since` as framed lines (files_back); how many. The folder is this run's
+    alone."""
+    lines = files_back.framed(node_job, since=since)
     for line in lines:
         out.write(line + "\n")
     out.flush()
@@ -130,7 +136,7 @@ def send_back(node_job: Path, out: IO[str]) -> int:
 
 # -- run ----------------------------------------------------------------------------------------
 def run(order: dict[str, Any], stdin: IO[str]) -> int:
-    from gpufleet.backends.node_driver import NodeAgent
+    from gpufleet.backends.node_agent import NodeAgent
 
     entry = order["node"]
     import gpufleet
@@ -158,7 +164,27 @@ def run(order: dict[str, Any], stdin: IO[str]) -> int:
                 code = SETUP_FAILED_EXIT
                 return code
         agent = NodeAgent(entry["node_id"], order["report_addr"])
-        stop = _watch(stdin, job_ends)
+
+        def on_order(line: str) -> None:
+            """A restart's order (node_restart.py): its variables with the node's paths."""
+            got = parse_order(line)
+            if got is None:
+                return
+            decision, final = got
+            if decision.end is None:
+                order["final"] = final
+                decision = Decision(decision.run,
+                                    {k: remap(v, pairs) for k, v in decision.env.items()})
+            agent.decide(order_line(decision, final))
+
+        stop = _watch(stdin, job_ends, on_order)
+        sent = [0.0]  # the files of runs before this time went back when those runs ended
+
+        def files_first() -> None:
+            """Before a `PARKED` line: the failed run's error records, which the supervisor
+            reads at that line."""
+            send_back(job, sys.stdout, since=sent[0])
+            sent[0] = time.time() - 1.0  # mtimes are whole seconds on some file systems
         try:
             agent.start(argv, {**env, **order.get("secrets", {})}, cwd, entry["sampling"],
                         container=entry.get("container"), run=entry.get("run", ""))
@@ -175,7 +201,7 @@ def run(order: dict[str, Any], stdin: IO[str]) -> int:
                 code = 143
                 break
             lines, ended = agent.drain()
-            _print(lines, pairs)
+            _print(lines, pairs, files_first)
             if ended is not None:
                 code = ended
                 break
@@ -190,10 +216,12 @@ def run(order: dict[str, Any], stdin: IO[str]) -> int:
             node_workdir.remove(root, digest, user=order["job"])
 
 
-def _watch(stdin: IO[str], job_ends: threading.Event) -> threading.Event:
+def _watch(stdin: IO[str], job_ends: threading.Event,
+           on_order: Callable[[str], None]) -> threading.Event:
     """Set when the driver asks to stop, is gone (EOF), or has been silent for SILENT_S.
     `job_ends` is set too when the stop ends the job (`stop job`: the user stopped it), not
-    only this run (`stop`: a peer failed, the job may restart here)."""
+    only this run (`stop`: a peer failed, the job may restart here). A restart's order
+    (`restart ...`, `end N`) goes to `on_order`."""
     stop = threading.Event()
     last = [time.monotonic()]
 
@@ -204,6 +232,8 @@ def _watch(stdin: IO[str], job_ends: threading.Event) -> threading.Event:
                 if line.strip() == "stop job":
                     job_ends.set()
                 break
+            if line.startswith((RESTART, END)):
+                on_order(line)
         stop.set()
 
     def silent() -> None:
@@ -216,10 +246,15 @@ def _watch(stdin: IO[str], job_ends: threading.Event) -> threading.Event:
     return stop
 
 
-def _print(lines: list[str], pairs: list[tuple[str, str]]) -> None:
-    """torchrun's lines, with node paths (`error_file: PATH`) as the submitter's."""
+def _print(lines: list[str], pairs: list[tuple[str, str]],
+           before_park: Callable[[], None] | None = None) -> None:
+    """torchrun's lines, with node paths (`error_file: PATH`) as the submitter's;
+    `before_park` is called before a launcher's `PARKED` line."""
     back = [(b, a) for a, b in pairs]
     for ln in lines:
+        if before_park is not None and parked_code(ln) is not None:
+            sys.stdout.flush()
+            before_park()
         sys.stdout.write(_unmap_line(ln, back) + "\n")
     sys.stdout.flush()
 

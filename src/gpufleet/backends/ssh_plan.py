@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import psutil
 
 import gpufleet
-from gpufleet.backends import ssh_conn
+from gpufleet.backends import node_restart, ssh_conn
 from gpufleet.backends.base import Prepared, RunRequest
 from gpufleet.backends.local import free_port
 from gpufleet.backends.ssh_conn import Host
@@ -68,11 +68,13 @@ def prepare(backend: SshPool, run: RunRequest) -> Prepared:
         "digest": sel.digest, "max_upload": cap, "setup": getattr(spec, "setup", None) or "",
         "keep_workdir": bool(getattr(spec, "keep_workdir", False)), "final": final,
         "version": gpufleet.__version__}
+    env = {"GPUFLEET_JOB": run.ctx.job_name, "PYTHONUNBUFFERED": "1"}
+    shape = node_restart.offer(plan, env, run.job_dir, run.spec)  # restarts in place
     path = run.job_dir / PLAN_FILE
     files = {k: v for n in plan["nodes"] for k, v in n["files"].items()}
     files[PLAN_FILE] = json.dumps(plan, indent=1)
-    return Prepared([sys.executable, "-m", "gpufleet.backends.ssh_run", str(path)],
-                    {"GPUFLEET_JOB": run.ctx.job_name, "PYTHONUNBUFFERED": "1"}, files)
+    return Prepared([sys.executable, "-m", "gpufleet.backends.ssh_run", str(path)], env, files,
+                    shape=shape)
 
 
 def sees(backend: SshPool, node_ids: Sequence[str], path: Path, content: str,

@@ -15,7 +15,8 @@ for all hosts at once and over one multiplexed connection per host (ssh_conn.opt
    lost node starts its torchrun at once. On the job's last run they are let go (`release`).
 
 The watch over the nodes is `node_driver.NodeDriver`'s (fail fast, lines tagged by node, lost
-nodes, stop). Files the nodes send back as framed lines (per-rank logs, error records) are
+nodes, restarts in place, stop); a restart's order goes to the nodes on the heartbeat's stdin.
+Files the nodes send back as framed lines (per-rank logs, error records) are
 written into the submitter's job folder at the same relative path, so `status` and the failure
 reason read them as on the local pool. A host is lost when its connection ends (ssh exits 255:
 the keepalives notice a dead or cut-off host in about 4 s) or a node failed, and a fresh short
@@ -255,8 +256,22 @@ class Driver(NodeDriver):
                 break
             if files_back.write_back(self.job_dir, text):
                 continue
-            sys.stdout.write(tag(self.nodes[i]["name"], text) + "\n")
+            sys.stdout.write(tag(self.nodes[i]["name"], self.parks.saw(i, text)) + "\n")
         sys.stdout.flush()
+
+    def relay(self, line: str) -> None:
+        """An order (node_restart.py) on every node's stdin, beside the heartbeat."""
+        self._send((line + "\n").encode())
+
+    def next_is_final(self) -> bool:
+        """The plan the supervisor wrote for the run it asked for says whether it is the
+        job's last; the spares' copies go with it too (`release_spares`)."""
+        try:
+            final = bool(json.loads(self.plan_path.read_text())["ssh"]["final"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        self.ssh["final"] = final
+        return final
 
     # -- the watch ------------------------------------------------------------------------------
     def poll(self) -> tuple[dict[int, int], set[str]]:

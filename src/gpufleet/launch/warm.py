@@ -18,7 +18,7 @@ imported here too (while the forkserver imports them) and checked before any wor
 with a warning line and a `warm_off` event that say why. A started OpenMP pool is not
 detected (docs/warm.md).
 
-With `GPUFLEET_RESTART_FILE` set (the local pool sets it), a failed worker group does not end
+With `GPUFLEET_RESTART_FILE` set (every pool sets it), a failed worker group does not end
 the launcher: it waits for the supervisor's decision and restarts in place (warm_restart.py).
 
 The `__main__` guard is what keeps the forkserver from running this launcher again (it

@@ -22,8 +22,10 @@ fresh start); only the way the next run starts changes:
    as plain torchrun would have. To start differently (a resize, another command), it ends the
    launcher as before. A launcher whose parent went away ends by itself.
 
-Only the local pool's launchers are offered this (the file is where the supervisor writes it;
-`GPUFLEET_RESTART_FILE` unset means the launcher ends on a failure, as plain torchrun does).
+The local pool offers this with the file where the supervisor writes it; a multi-node run's
+nodes with a file of each node's own, which the run's driver writes the supervisor's decision
+into (backends/node_restart.py). `GPUFLEET_RESTART_FILE` unset means the launcher ends on a
+failure, as plain torchrun does.
 Importable without torch: the supervisor reads `PARKED` and `write` from here.
 """
 

@@ -114,7 +114,9 @@ class Effects:
         for stale in (self.control_path(), Path(f"{self.control_path()}.exited")):
             stale.unlink(missing_ok=True)  # requests to earlier workers (or an earlier supervisor)
         restart_file = prepared.env.get(warm_restart.RESTART_FILE_VAR)
-        if self.restart_in_place(action.run, prepared.argv, env):
+        # the launcher's command, and what else a restart in place needs the same
+        launched = [*prepared.argv, prepared.shape]
+        if self.restart_in_place(action.run, launched, env):
             run.sink.run_started(time.time())
             run.then(ev.WorkersStarted())
             assert run.handle is not None
@@ -129,7 +131,7 @@ class Effects:
         reader = threading.Thread(target=pump, args=(handle.stdout, run.sink, run.lines,
                                                      self.stopping, run.launcher_parked),
                                   daemon=True)
-        run.workers_started(handle, reader, (prepared.argv, env), restart_file)
+        run.workers_started(handle, reader, (launched, env), restart_file)
         run.then(ev.WorkersStarted())
         reader.start()
         self.telemetry.start(handle, placement, env, run.sink,
