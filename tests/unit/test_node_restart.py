@@ -11,7 +11,7 @@ import pytest
 
 from gpufleet.backends import node_driver
 from gpufleet.backends.exits import NODE_LOST_EXIT
-from gpufleet.backends.node_agent import NodeAgent, restart_file_of
+from gpufleet.backends.node_agent import OWN_DIR, NodeAgent, let_go, restart_file_of
 from gpufleet.backends.node_driver import NodeDriver
 from gpufleet.backends.node_restart import Parks, order_line, parse_order, waiting_line
 from gpufleet.launch import warm_restart
@@ -214,3 +214,14 @@ def test_the_agent_writes_the_decision_where_its_launcher_reads_it(tmp_path: Pat
         {"GPUFLEET_RUN": "2"}
     assert agent.decide("end 1") and warm_restart.read(path) == Decision(0, {}, end=1)
     assert not agent.decide("ping")
+    let_go(path)
+    assert not path.exists() and tmp_path.is_dir()  # the job folder is not the agent's own
+
+
+def test_a_node_that_cannot_make_the_job_folder_uses_a_folder_it_removes(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    path = restart_file_of({"GPUFLEET_JOB_DIR": str(tmp_path / "file" / "job")}, "n1")
+    assert path.parent.is_dir() and path.parent.name.startswith(OWN_DIR)
+    path.write_text("{}")
+    let_go(path)
+    assert not path.parent.exists()

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -111,7 +112,7 @@ class NodeAgent:
                 out.extend(files_back.framed(self.back_from, since=self.started_at))
             out.append(line)
         if code is not None and self.restart_file is not None:
-            self.restart_file.unlink(missing_ok=True)
+            let_go(self.restart_file)
             self.restart_file = None
         if code is not None and self.back_from is not None:
             out.extend(files_back.framed(self.back_from, since=self.started_at))
@@ -182,15 +183,30 @@ class NodeAgent:
             return
 
 
+OWN_DIR = "gpufleet-restart-"  # a folder of the agent's own, when the job folder cannot be made
+
+
 def restart_file_of(env: dict[str, str], node: str) -> Path:
-    """Where node `node`'s launcher waits for a decision: in the job folder as this node has
-    it (an image mounts that folder; named by the node, as nodes may share the folder), else
-    in a folder of its own."""
+    """Where node `node`'s launcher waits for a decision: in the job folder as this node has it
+    (named by the node, as nodes may share the folder; made where the node does not see the
+    submitter's, as torchrun makes its log folder there; an image mounts it), else in a
+    temporary folder of its own (`let_go` removes it)."""
     name = f"restart-{re.sub(r'[^A-Za-z0-9_.-]', '_', node)}.json"
     job_dir = env.get("GPUFLEET_JOB_DIR", "")
-    if job_dir and Path(job_dir).is_dir():
-        return Path(job_dir) / name
-    return Path(tempfile.mkdtemp(prefix="gpufleet-restart-")) / name
+    if job_dir:
+        try:
+            Path(job_dir).mkdir(parents=True, exist_ok=True)
+            return Path(job_dir) / name
+        except OSError:
+            pass
+    return Path(tempfile.mkdtemp(prefix=OWN_DIR)) / name
+
+
+def let_go(path: Path) -> None:
+    """The restart file gone, and its folder when it was the agent's own."""
+    path.unlink(missing_ok=True)
+    if path.parent.name.startswith(OWN_DIR):
+        shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def own_site(pythonpath: str, site: str, exists: Callable[[str], bool]) -> str:
