@@ -36,12 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.launch import frameworks
-from gpufleet.launch.warm_restart import RESTART_FILE_VAR, Decision, parked_code
+from gpufleet.launch.warm_restart import RESTART_FILE_VAR, Decision, parked_code, parked_run
 
 DECISIONS = "restart.json"  # in the job folder, beside the plan: the supervisor's decision
 RESTART = "restart "
 END = "end "
-_RUN_OF_PARKED = "run "
 
 
 def offer(plan: dict[str, Any], env: dict[str, str], job_dir: Path, spec: Any) -> str:
@@ -83,14 +82,8 @@ def parse_order(line: str) -> tuple[Decision, bool] | None:
 def waiting_line(code: int, run: int) -> str:
     """What a node's `PARKED` line becomes in the driver's output: the node's own news, not
     the run's (it does not match `warm_restart.parked_code`)."""
-    return (f"gpufleet: this node's workers ended (exit code {code}, {_RUN_OF_PARKED}{run}); "
+    return (f"gpufleet: this node's workers ended (exit code {code}, run {run}); "
             "its launcher waits with the other nodes")
-
-
-def parked_run(line: str) -> int:
-    """The run number in a launcher's `PARKED` line (0 when it has none)."""
-    tail = line.rsplit(_RUN_OF_PARKED, 1)[-1].rstrip(")\n ")
-    return int(tail) if tail.isdigit() else 0
 
 
 @dataclass

@@ -62,6 +62,12 @@ def parked_code(line: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def parked_run(line: str) -> int:
+    """The run number in a launcher's `PARKED` line; 0 for any other line."""
+    m = _PARKED_RE.search(line)
+    return int(m.group(2)) if m else 0
+
+
 def env_change(started: Mapping[str, str], now: Mapping[str, str]) -> dict[str, str]:
     """The variables of the next run that differ from those the launcher started with (pure);
     the report key never (it is the same for the supervisor's life, and never in a file)."""
