@@ -38,6 +38,12 @@ def _error_files(fleet: Fleet, name: str) -> list[Path]:
     return sorted((fleet.home / "jobs" / name / "torchrun").glob("*/attempt_*/*/error.json"))
 
 
+def _log_end(fleet: Fleet, name: str) -> str:
+    """The job log's last lines, launcher's own (no rank prefix), for a failure's message."""
+    lines = (fleet.home / "jobs" / name / "job.log").read_text().splitlines()
+    return "\n".join(ln for ln in lines if not ln.startswith("[rank"))[-3000:]
+
+
 def test_the_failing_ranks_exception_is_the_reason_every_time(fleet: Fleet) -> None:
     started = time.monotonic()
     for i in range(RUNS):
@@ -51,7 +57,7 @@ def test_the_failing_ranks_exception_is_the_reason_every_time(fleet: Fleet) -> N
         assert BOOM.search(failed) and "Overriding" not in failed and "rank 0" not in failed
         assert "comm_timeout" not in {f["rule"] for f in s["findings"]}, s["findings"]
         assert [f["title"] for f in s["findings"] if f["rule"] == "worker_error"] == [
-            "Rank 1 raised RuntimeError"]
+            "Rank 1 raised RuntimeError"], (s["findings"], _log_end(fleet, name))
         # the records are torchrun's own files: rank 1's exception, and rank 0's knock-on
         assert any("boom at step 3" in p.read_text() for p in _error_files(fleet, name))
     print(f"\n{RUNS} of {RUNS} runs named rank 1's RuntimeError in "

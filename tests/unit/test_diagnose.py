@@ -230,6 +230,22 @@ def test_a_handled_traceback_in_a_job_still_running_is_not_a_worker_error() -> N
     assert found(replace(JOB, status="failed", log_tail=tail), "worker_error") != []
 
 
+def test_after_the_end_a_failed_run_blamed_on_a_rank_is_its_error_without_torchruns_summary() -> None:
+    """The diagnosis after the end reads status 'ended'; torchrun's summary may have scrolled out
+    of the tail (a launcher SIGTERMed after its workers failed prints its own traceback)."""
+    tail = ("[rank 1] Traceback (most recent call last):",
+            '[rank 1]   File "train.py", line 47, in <module>',
+            "[rank 1] RuntimeError: boom at step 3 on rank 1",
+            *("  File \"torch/distributed/run.py\", line 900, in main" for _ in range(30)),
+            "torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15")
+    ended = replace(JOB, status="ended", log_tail=tail)
+    assert found(ended, "worker_error") == []  # no exit code, no blamed rank: a handled traceback
+    assert found(replace(ended, exit_code=1), "worker_error") == []
+    assert found(replace(ended, failed_rank=1), "worker_error") == []
+    f = one(replace(ended, exit_code=1, failed_rank=1), "worker_error")
+    assert f.title == "Rank 1 raised RuntimeError" and "boom at step 3" in f.detail
+
+
 def test_the_lowest_rank_with_its_own_error_is_named_whatever_the_order_of_the_tail() -> None:
     tail = ("[rank 3] Traceback (most recent call last):", "[rank 3] ValueError: bad shape",
             "[rank 1] Traceback (most recent call last):", "[rank 1] KeyError: 'input_ids'",

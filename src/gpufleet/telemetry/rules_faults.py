@@ -161,10 +161,17 @@ _RANK_ENDED = re.compile(r"ChildFailedError|^\s*exitcode\s*:|closing signal SIG"
 
 def worker_error(inp: Inputs, th: Thresholds) -> list[Finding]:
     """The traceback that ended a rank, named as the cause (an out-of-memory error is the
-    memory rule's); the other ranks' communication errors after it are its echo."""
+    memory rule's); the other ranks' communication errors after it are its echo.
+
+    A rank ended the run when the job is failing, when torchrun's words say so, or, in the
+    diagnosis after the end (status 'ended'), when the run failed and its reason blames a rank:
+    torchrun's summary can be gone from the tail by then, pushed out by the launcher's last
+    words (a launcher slow to end when told is sent SIGTERM, and prints its traceback)."""
     if any(_OOM.search(line) for line in inp.log_tail):
         return []
-    if inp.status not in _ENDING and not any(_RANK_ENDED.search(ln) for ln in inp.log_tail):
+    blamed = inp.exit_code not in (None, 0) and inp.failed_rank is not None
+    if inp.status not in _ENDING and not blamed \
+            and not any(_RANK_ENDED.search(ln) for ln in inp.log_tail):
         return []  # a running job that printed a traceback it handled (logging.exception)
     err = first_error(inp.log_tail, inp.failed_rank)
     if err is None:
