@@ -1,7 +1,9 @@
 """A Ray pool whose nodes are test machines that share nothing with the submitter
 (scripts/test-machines): a raylet in each of the three machines, run by the machine's own node
-environment; a job from a folder only the submitter has, shipped to two of them; one of those
-killed mid-job and healed on the third from the durable checkpoint copy; then nothing left.
+environment; a job from a folder only the submitter has, shipped to two of them, the third held
+as its spare (`--spares 1`) and warmed while the first run trains (the copy placed, the setup
+run); one of the two killed mid-job and replaced by the spare, which is sent nothing and sets up
+nothing, resuming from the durable checkpoint copy; then nothing left, the spare's copy included.
 
 Where the head runs, and why: in the root namespace, on the submitter's address on the
 machines' bridge. gpufleet's run driver (`ray_run`) is a Ray driver, and Ray attaches a driver
@@ -51,6 +53,7 @@ RAY_START_TIMEOUT_S = 120  # a wait on a loaded machine, never a verdict
 # `ray start` gives a raylet a fixed 30 s to register with the head (Ray's node.py), which a
 # machine loaded many times over can miss: a start that failed so is cleaned up and tried again
 START_TRIES = 3
+SETUP = "echo warming up"
 TINY = ["--layers", "1", "--dim", "32", "--heads", "2", "--batch-size", "8", "--max-bytes",
         "200000", "--val-windows", "8", "--sample-bytes", "10", "--log-every", "10"]
 
@@ -191,7 +194,8 @@ def rm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayOnMachines]:
         fleet.ok("pool", "add", "ray", "--address", cfg.address, "--token-file", str(token_file),
                  "--name", "lab", timeout=120)
         fleet.ok("run", "train.py", "--gpu", "H100", "--count", str(2 * PER_NODE), "--nodes", "2",
-                 "--name", JOB, "--max-restarts", "1", "--checkpoint-to", str(durable), "-d", "-y",
+                 "--spares", "1", "--setup", SETUP, "--name", JOB, "--max-restarts", "1",
+                 "--checkpoint-to", str(durable), "-d", "-y",
                  "--", "--steps", "1000000", "--checkpoint-every", "20", *TINY, timeout=180)
         yield state
     finally:
@@ -213,10 +217,21 @@ def _events(fleet: Fleet) -> list[dict[str, Any]]:
 
 
 def _held(fleet: Fleet) -> dict[str, str]:
-    """The machines the job's cluster holds: pool node -> address."""
+    """The machines the job's cluster runs on: pool node -> address (its spare held too, but
+    left out here)."""
     cluster = fleet.status(JOB)["cluster"]
     nodes = fleet.json("pool", "list", "lab", "--json")[0]["nodes"]
-    return {n["node"]: n["address"] for n in nodes if n["held_by"] == [cluster]}
+    row = next(r for r in fleet.json("list", "--json") if r["for_job"] == JOB)
+    return {n["node"]: n["address"] for n in nodes
+            if n["held_by"] == [cluster] and n["node"] not in row["spares"]}
+
+
+def _spare(fleet: Fleet) -> str:
+    """The machine the job's cluster holds as its spare (`list`)."""
+    rows = fleet.json("list", "--json")
+    row = next(r for r in rows if r["for_job"] == JOB)
+    assert len(row["spares"]) == 1, row
+    return str(row["spares"][0])
 
 
 def _first_step_after(fleet: Fleet, after: float) -> float | None:
@@ -284,6 +299,21 @@ def test_the_job_runs_the_shipped_workdir_on_two_machines_reporting_here(
     assert "step " in (fleet.home / "jobs" / JOB / "logs" / "rank0.log").read_text()
     assert fleet.status(JOB)["step"] >= 20
     assert any(p.name.startswith("step-") for p in rm.durable.iterdir()), "no durable copy"
+    # the third machine is the spare, warmed while the run trains: the copy placed, set up
+    spare = _spare(fleet)
+    assert spare in rm.machines.names and spare not in held, (spare, held)
+    address = re.escape(rm.machines.address(spare))
+    warm = rf"gpufleet: spare {spare} \({address}\) warm in [\d.]+ s: workdir {shipped.group(1)} "
+    deadline = time.monotonic() + 120
+    while not re.search(r"gpufleet: spare \S+ \(\S+\) (warm in|not warmed)",
+                        log := (fleet.home / "jobs" / JOB / "job.log").read_text()):
+        assert time.monotonic() < deadline, log[-3000:]
+        time.sleep(0.5)
+    assert re.search(warm + "shipped, setup ran", log), log[-3000:]
+    held_there = rm.machines.run(spare, "ls -p /root/.cache/gpufleet/workdirs").stdout.split()
+    assert any(e.startswith(shipped.group(1)) and e.endswith("/") and ".users" not in e
+               for e in held_there), held_there  # the copy, beside its marks
+    rm.facts["spare"] = spare
     # the agents' device samples and the ranks' reports reach the submitter's bridge address
     # from both machines, labelled with them
     deadline = time.monotonic() + 60
@@ -299,7 +329,7 @@ def test_a_killed_machine_is_named_and_healed_on_the_third_from_the_durable_copy
     plan = json.loads((fleet.home / "jobs" / JOB / "ray-plan.json").read_text())
     worker1 = next(n for n in plan["nodes"] if n["name"] == "worker1")
     victim = worker1["node_id"]
-    spare = (set(m.names) - set(_held(fleet))).pop()
+    spare = rm.facts["spare"]
     rm.killed, rm.killed_at = victim, time.time()
     m.kill(victim)
     st = fleet.wait_for(JOB, lambda s: any(e.get("kind") == "resumed" and e["time"] > rm.killed_at
@@ -309,8 +339,10 @@ def test_a_killed_machine_is_named_and_healed_on_the_third_from_the_durable_copy
     assert f"NodeLostError: node worker1 ({m.address(victim)}) left the Ray cluster" \
         in failed["reason"], failed
     replaced = next(e for e in events if e["kind"] == "node_replaced")
-    assert re.search(rf"node {victim} lost; replaced by node {spare} \(", replaced["reason"]), \
-        replaced["reason"]
+    assert re.search(rf"node {victim} lost; replaced by spare node {spare} \(",
+                     replaced["reason"]), replaced["reason"]
+    reasons = [e["reason"] for e in events]
+    assert any(r.startswith("no free node for a new spare") for r in reasons), reasons
     resumed = next(e for e in events if e["kind"] == "resumed" and e["time"] > rm.killed_at)
     first = None
     deadline = time.monotonic() + 120
@@ -326,6 +358,11 @@ def test_a_killed_machine_is_named_and_healed_on_the_third_from_the_durable_copy
     starts = re.findall(r"torchrun started on 2 node\(s\): head \(([\d.]+)\), worker1 \(([\d.]+)\)",
                         log)
     assert len(starts) == 2 and starts[1][1] == m.address(spare), starts
+    # the spare had the copy and its setup: the second run sends it nothing, sets up nothing
+    shipped = re.findall(r"gpufleet: workdir \w+: .* shipped to ([^;\n]+)(?:; already on (\S+) "
+                         r"\(not sent\))?$", log, re.M)
+    assert [s for s in shipped] == [("head, worker1", ""), ("head", "worker1")], shipped
+    assert len(re.findall(r"^\[worker1\]: setup: warming up", log, re.M)) == 1, log[-3000:]
     # the spare had no checkpoint of its own: every rank read the durable copy
     assert re.search(rf"^\[head rank0\]:gpufleet: resumed from {re.escape(str(rm.durable))}/step-",
                      log, re.M), log[-3000:]

@@ -102,7 +102,19 @@ def test_the_supervisors_end_goes_to_every_node_and_is_the_drivers_exit(
     d = Scripted([({}, set(), [0, 1]), ({}, set(), []), ({0: 1, 1: 1}, set(), [])], tmp_path)
     d.decisions = str(tmp_path / "restart.json")
     assert d.run() == 1
-    assert d.relayed == ["end 1"] and d.ended == [5.0]
+    assert d.relayed == ["end 1"] and d.ended == [5.0] and not d.over
+
+
+def test_an_end_that_ends_the_job_says_so_to_every_node_and_the_driver(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop in a backoff, or a job given up before its last restart: the nodes and the
+    spares let the job's copies go (ssh_node, ssh_run/ray_run), though the run was not the
+    last the job could have had."""
+    decisions(tmp_path, monkeypatch, Decision(0, {}, end=1, over=True))
+    d = Scripted([({}, set(), [0, 1]), ({}, set(), []), ({0: 1, 1: 1}, set(), [])], tmp_path)
+    d.decisions = str(tmp_path / "restart.json")
+    assert d.run() == 1
+    assert d.relayed == ["end 1 over"] and d.over
 
 
 def test_a_decision_for_the_run_the_nodes_are_on_is_not_taken(
@@ -183,7 +195,10 @@ def test_orders_read_back_as_written() -> None:
     assert parse_order(order_line(restart, True)) == (restart, True)
     assert parse_order(order_line(Decision(0, {}, end=-9), False)) == (Decision(0, {}, end=-9),
                                                                       False)
-    for other in ("ping", "stop", "stop job", "restart {", "end x", "restart []"):
+    assert parse_order(order_line(Decision(0, {}, end=1, over=True), False)) == (
+        Decision(0, {}, end=1, over=True), True)
+    for other in ("ping", "stop", "stop job", "restart {", "end x", "restart []", "end 1 x",
+                  "end over"):
         assert parse_order(other) is None
 
 
@@ -204,7 +219,7 @@ def test_the_agent_writes_the_decision_where_its_launcher_reads_it(tmp_path: Pat
     named by the node (nodes may share the folder)."""
     env = {"GPUFLEET_JOB_DIR": str(tmp_path), RESTART_FILE_VAR: "node"}
     path = restart_file_of(env, "m/1")
-    assert path == tmp_path / "restart-m_1.json"
+    assert path == tmp_path / "restart-m_1.json" == restart_file_of(env, "m/1", in_image=True)
     agent = NodeAgent("m/1", "127.0.0.1:1")
     assert not agent.decide("restart {}")  # no launcher of its own waits
     agent.restart_file = path
@@ -220,8 +235,11 @@ def test_the_agent_writes_the_decision_where_its_launcher_reads_it(tmp_path: Pat
 
 def test_a_node_that_cannot_make_the_job_folder_uses_a_folder_it_removes(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
-    path = restart_file_of({"GPUFLEET_JOB_DIR": str(tmp_path / "file" / "job")}, "n1")
-    assert path.parent.is_dir() and path.parent.name.startswith(OWN_DIR)
+    env = {"GPUFLEET_JOB_DIR": str(tmp_path / "file" / "job")}
+    # in an image that folder would not be mounted: no file, the launcher ends on a failure
+    assert restart_file_of(env, "n1", in_image=True) is None
+    path = restart_file_of(env, "n1")
+    assert path is not None and path.parent.is_dir() and path.parent.name.startswith(OWN_DIR)
     path.write_text("{}")
     let_go(path)
     assert not path.parent.exists()

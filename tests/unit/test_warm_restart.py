@@ -55,3 +55,5 @@ def test_the_launcher_waits_for_a_later_run_or_until_its_parent_is_gone(tmp_path
     wr.write_end(path, 1)  # the supervisor gave up: no rank takes anything from it
     assert wr.wait_for(path, 2, 10, ppid=lambda: 10) == wr.Decision(0, {}, end=1)
     assert wr.rank_env({wr.RESTART_FILE_VAR: str(path), wr.RUN_VAR: "1"}) == {}
+    wr.write_end(path, 1, over=True)  # the job ends with it: the nodes let its copies go
+    assert wr.read(path) == wr.Decision(0, {}, end=1, over=True)

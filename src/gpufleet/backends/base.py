@@ -54,6 +54,13 @@ class RunRequest:
     # workdir warms them (ships it, runs the setup) while the run goes on
     spares: list[Placement] = field(default_factory=list)
 
+    @property
+    def final(self) -> bool:
+        """Whether this run is the job's last (runs are numbered from 1, and the last one the
+        job may have is max_restarts + 1): the nodes and spares let the job's workdir go after
+        it."""
+        return int(self.survive_env.get("GPUFLEET_RUN", "1")) > self.spec.max_restarts
+
 
 @dataclass(frozen=True)
 class Prepared:

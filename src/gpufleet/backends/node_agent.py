@@ -76,9 +76,12 @@ class NodeAgent:
         # RendezvousUnreachableError before any worker starts
         env = {**env, **node_net.prepare(self.node, env, os.environ)}
         if RESTART_FILE_VAR in env:  # restarts in place (node_restart.py): a file of this node's
-            self.restart_file = restart_file_of(env, self.node)
-            self.restart_file.unlink(missing_ok=True)  # an earlier run's decision is not this one's
-            env[RESTART_FILE_VAR] = str(self.restart_file)
+            self.restart_file = restart_file_of(env, self.node, in_image=container is not None)
+            if self.restart_file is None:  # none the launcher could read: it ends on a failure
+                env = {k: v for k, v in env.items() if k != RESTART_FILE_VAR}
+            else:
+                self.restart_file.unlink(missing_ok=True)  # an earlier run's decision is not ours
+                env[RESTART_FILE_VAR] = str(self.restart_file)
         after: list[str] | None = None
         say: str | None = None
         if container is not None:
@@ -186,11 +189,14 @@ class NodeAgent:
 OWN_DIR = "gpufleet-restart-"  # a folder of the agent's own, when the job folder cannot be made
 
 
-def restart_file_of(env: dict[str, str], node: str) -> Path:
+def restart_file_of(env: dict[str, str], node: str, in_image: bool = False) -> Path | None:
     """Where node `node`'s launcher waits for a decision: in the job folder as this node has it
     (named by the node, as nodes may share the folder; made where the node does not see the
     submitter's, as torchrun makes its log folder there; an image mounts it), else in a
-    temporary folder of its own (`let_go` removes it)."""
+    temporary folder of its own (`let_go` removes it). None for a launcher `in_image` when the
+    job folder cannot be made: the container mounts no other folder of the node's, and a
+    launcher waiting on a file it cannot see would wait until the hang timeout; without one it
+    ends on a failure as plain torchrun does, and the run starts new launchers."""
     name = f"restart-{re.sub(r'[^A-Za-z0-9_.-]', '_', node)}.json"
     job_dir = env.get("GPUFLEET_JOB_DIR", "")
     if job_dir:
@@ -199,7 +205,7 @@ def restart_file_of(env: dict[str, str], node: str) -> Path:
             return Path(job_dir) / name
         except OSError:
             pass
-    return Path(tempfile.mkdtemp(prefix=OWN_DIR)) / name
+    return None if in_image else Path(tempfile.mkdtemp(prefix=OWN_DIR)) / name
 
 
 def let_go(path: Path) -> None:

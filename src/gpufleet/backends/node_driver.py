@@ -81,6 +81,7 @@ class NodeDriver:
         self.parks = Parks(len(self.nodes))
         env0 = self.nodes[0].get("env", {}) if self.nodes else {}
         self.run_no = int(env0.get(warm_restart.RUN_VAR, "0") or 0)
+        self.over = False  # the supervisor's end said the job is over (carry_decision)
 
     # -- what each engine says ------------------------------------------------------------------
     def place(self) -> int | None:
@@ -262,7 +263,8 @@ class NodeDriver:
                                              "the supervisor")
             time.sleep(warm_restart.POLL_S)
         if found.end is not None:
-            self.relay(order_line(found, False))
+            self.over = found.over  # the job is over: the spares' copies go too
+            self.relay(order_line(found, found.over))
             self.let_peers_end(len(self.poll()[0]))
             self.end_all(grace_s=5.0)
             return found.end

@@ -41,6 +41,7 @@ from gpufleet.launch.warm_restart import RESTART_FILE_VAR, Decision, parked_code
 DECISIONS = "restart.json"  # in the job folder, beside the plan: the supervisor's decision
 RESTART = "restart "
 END = "end "
+OVER = "over"  # after an end's code: the job is over (warm_restart.Decision.over)
 
 
 def offer(plan: dict[str, Any], env: dict[str, str], job_dir: Path, spec: Any) -> str:
@@ -59,17 +60,20 @@ def offer(plan: dict[str, Any], env: dict[str, str], job_dir: Path, spec: Any) -
 def order_line(decision: Decision, final: bool) -> str:
     """The decision as the line the driver sends each node (no newline)."""
     if decision.end is not None:
-        return f"{END}{decision.end}"
+        return f"{END}{decision.end}" + (f" {OVER}" if decision.over else "")
     return RESTART + json.dumps({"run": decision.run, "env": decision.env, "final": final})
 
 
 def parse_order(line: str) -> tuple[Decision, bool] | None:
-    """(the decision, whether the next run is the job's last) in an order line; None for any
-    other line (a heartbeat, a stop) or a malformed one."""
+    """(the decision, whether the next run is the job's last: for an end, whether the job is
+    over) in an order line; None for any other line (a heartbeat, a stop) or a malformed one."""
     text = line.strip()
     try:
-        if text.startswith(END.strip()) and text[len(END):].strip().lstrip("-").isdigit():
-            return Decision(0, {}, int(text[len(END):])), False
+        if text.startswith(END.strip()):
+            code, _, rest = text[len(END):].strip().partition(" ")
+            if not code.lstrip("-").isdigit() or rest not in ("", OVER):
+                return None
+            return Decision(0, {}, int(code), over=rest == OVER), rest == OVER
         if text.startswith(RESTART.strip()):
             data = json.loads(text[len(RESTART):])
             return (Decision(int(data["run"]), {str(k): str(v) for k, v in data["env"].items()}),

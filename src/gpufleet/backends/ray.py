@@ -226,13 +226,17 @@ class RayBackend(DriverProcs):
             user_env={**run.survive_env, **run.spec.env}, ready_timeout_s=60.0,
             address=self.address, loopback=loopback,
             memory_per_slot=psutil.virtual_memory().total // max(1, run.cluster_devices))
+        # spare nodes (`--spares`): warmed by the driver while the run goes on (ray_spares.py)
+        plan["spares"] = [{"node_id": p.node_id, "ray_id": nodes[p.node_id].ref,
+                           "address": p.address} for p in run.spares
+                          if p.node_id in nodes and nodes[p.node_id].healthy]
+        plan["final"] = run.final
         env = {"GPUFLEET_JOB": run.ctx.job_name, "PYTHONUNBUFFERED": "1"}
         shape = node_restart.offer(plan, env, run.job_dir, run.spec)  # restarts in place
         path = run.job_dir / PLAN_FILE
         files = {k: v for n in plan["nodes"] for k, v in n["files"].items()}
         files[PLAN_FILE] = json.dumps(plan, indent=1)
         return Prepared(self.driver_argv(path), env, files, shape=shape)
-
 
 
     def driver_env(self, env: dict[str, str]) -> dict[str, str]:
@@ -261,10 +265,6 @@ class RayBackend(DriverProcs):
         except (subprocess.TimeoutExpired, IndexError, ValueError):
             return {}
         return {node: bool(answer[rid]) for node, rid in ray_ids.items() if rid in answer}
-
-
-
-
 
 
 def is_loopback(address: str) -> bool:

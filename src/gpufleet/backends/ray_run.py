@@ -13,7 +13,8 @@ agent dies, so no worker outlives the job. (A parent-death signal on torchrun it
 once per thread of the dying actor process, and a few SIGTERMs in a row can hang torchrun.)
 Before any torchrun the driver asks each agent whether its node sees the job folder (a probe
 file, backends/shipping.py); a node that does not gets the workdir through Ray's object store
-(`_travel`), and `setup` runs once per node per workdir digest.
+(`_travel`), and `setup` runs once per node per workdir digest. The cluster's spare nodes
+(`--spares`) are warmed with the same copy while the run goes on (ray_spares.py).
 The agents also sample their node's devices once a second and send the samples to the
 supervisor's report address, as workers send their reports, signed with the job's key: the
 driver has it in its environment ($GPUFLEET_REPORT_KEY) and hands it to each agent with the
@@ -35,6 +36,7 @@ from gpufleet.backends import files_back, shipping, workdir_ship
 from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.backends.node_driver import STOPPED_EXIT, NodeDriver, tag
 from gpufleet.backends.node_ship import ShippingAgent
+from gpufleet.backends.ray_spares import Spares
 from gpufleet.launch import travel
 from gpufleet.reportauth import KEY_ENV
 
@@ -45,13 +47,19 @@ READY_TIMEOUT_S = 60.0
 class Driver(NodeDriver):
     """A run's nodes as Ray actors: one `NodeAgent` pinned to each node."""
 
-    def __init__(self, plan: dict[str, Any], lost_path: Path | None = None):
+    def __init__(self, plan: dict[str, Any], lost_path: Path | None = None,
+                 plan_path: Path | None = None):
         super().__init__(plan, lost_path)
+        self.plan_path = plan_path
         self.agents: list[Any] = []
         self.ray: Any = None
         self.done: dict[int, int] = {}
         self.travelled: tuple[str, set[int]] | None = None  # digest, nodes that placed or set up
-        self.user = f"{plan.get('job', 'job')}-{os.getpid()}"  # this run's mark on the copies
+        self.shipped: tuple[str, bytes, str] | None = None  # digest, tar, setup: for the spares
+        self.spares: Spares | None = None
+        self.final = bool(plan.get("final"))  # the job's last run (or restart in place)
+        self.job = str(plan.get("job", "job"))  # the job's mark: on a spare's copy (ray_spares)
+        self.user = f"{self.job}-{os.getpid()}"  # this run's mark on the copies
 
     def place(self) -> int | None:
         from gpufleet.backends.ray import connect
@@ -89,6 +97,10 @@ class Driver(NodeDriver):
             return PLACE_FAILED_EXIT
         self.say(f"torchrun started on {len(self.nodes)} node(s): "
                  + ", ".join(f"{n['name']} ({n['address']})" for n in self.nodes))
+        if self.shipped is not None and self.plan.get("spares"):
+            self.spares = Spares(ray, remote, self.plan["spares"], self.job,
+                                 self.plan["report_addr"], self.say)
+            self.spares.warm(*self.shipped)
         return None
 
     def _placed(self) -> int | None:
@@ -162,6 +174,8 @@ class Driver(NodeDriver):
             sys.stdout.write(workdir_ship.error_line(exc) + "\n")
             self.end_all(grace_s=5.0)
             return PLACE_FAILED_EXIT
+        if sharing.ships:
+            self.shipped = (digest, packed.tar, setup)
         for i in unseen:
             self.nodes[i] = travel.on_node(self.nodes[i], section["root"], placed[i],
                                            str(self.lost_path.parent))
@@ -171,23 +185,39 @@ class Driver(NodeDriver):
                 tuple(self.nodes[i]["name"] for i, h in zip(unseen, held, strict=True) if h)))
         return None
 
-    def _untravel(self) -> None:
-        """The shipped copies and setup markers off the nodes, unless the job keeps them."""
+    def _untravel(self, done: bool) -> None:
+        """The shipped copies and setup markers off the nodes, unless the job keeps them;
+        once the job is `done` (its last run ended), the spares' copies too, and the job's
+        mark its nodes hold from when they were spares."""
         if self.travelled is None or (self.plan.get("workdir") or {}).get("keep"):
             return
         digest, where = self.travelled
         self.travelled = None
+        if done and self.spares is not None:
+            self.spares.release()
+        marks = [self.job, self.user] if done else [self.user]  # in order: one actor each
         refs = []
         for i in where:
-            with contextlib.suppress(Exception):
-                refs.append(self.agents[i].remove_workdir.remote(digest, self.user))
+            for mark in marks:
+                with contextlib.suppress(Exception):
+                    refs.append(self.agents[i].remove_workdir.remote(digest, mark))
         with contextlib.suppress(Exception):
             self.ray.wait(refs, num_returns=len(refs), timeout=30)
 
     def run(self) -> int:
         code = super().run()
-        self._untravel()
+        self._untravel(code == 0 or self.stop_asked or self.final or self.over)
+        if self.spares is not None:
+            self.spares.close()
         return code
+
+    def next_is_final(self) -> bool:
+        """The plan the supervisor wrote for the run it asked for says whether it is the
+        job's last: the spares' copies go after it."""
+        if self.plan_path is not None:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                self.final = bool(json.loads(self.plan_path.read_text())["final"])
+        return self.final
 
     def poll(self) -> tuple[dict[int, int], set[str]]:
         """Drain every live agent; an agent Ray cannot reach is a lost node."""
@@ -238,7 +268,9 @@ class Driver(NodeDriver):
             ray.wait(refs, num_returns=len(refs), timeout=grace_s + 15)
         with contextlib.suppress(Exception):
             self.poll()  # what the nodes printed while ending (a summary of failed ranks)
-        self._untravel()  # while the agents still live
+        self._untravel(self.stop_asked or self.final or self.over)  # while the agents live
+        if self.spares is not None:
+            self.spares.close()
         for a in self.agents:
             with contextlib.suppress(Exception):
                 ray.kill(a)
@@ -269,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ray's own chatter (raylet state dumps, warnings) goes to a file, not the job's log
     with open(path.with_name("ray-driver.log"), "ab") as noise:
         os.dup2(noise.fileno(), 2)
-    driver = Driver(plan, path.with_suffix(".lost"))
+    driver = Driver(plan, path.with_suffix(".lost"), path)
     driver.catch_stop()
     return driver.run()
 

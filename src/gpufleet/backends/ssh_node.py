@@ -171,7 +171,9 @@ def run(order: dict[str, Any], stdin: IO[str]) -> int:
             if got is None:
                 return
             decision, final = got
-            if decision.end is None:
+            if decision.end is not None:
+                order["final"] = order.get("final") or final  # the job is over: the copy goes
+            else:
                 order["final"] = final
                 decision = Decision(decision.run,
                                     {k: remap(v, pairs) for k, v in decision.env.items()})

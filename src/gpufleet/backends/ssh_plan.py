@@ -54,8 +54,6 @@ def prepare(backend: SshPool, run: RunRequest) -> Prepared:
     # what travels: the job's workdir, else the script's own folder
     root = Path(run.spec.workdir) if run.spec.workdir else Path(run.spec.script).resolve().parent
     sel = workdir.select(root, cap)  # UploadTooLarge: the run is refused here, with the fix
-    # runs are numbered from 1: the last one the job may have is max_restarts + 1
-    final = int(run.survive_env.get("GPUFLEET_RUN", "1")) > run.spec.max_restarts
     plan["ssh"] = {
         "known_hosts": str(backend.known_hosts), "control_dir": str(backend.control_dir),
         "hosts": {p.node_id: backend.host_of(p.node_id).to_json() for p in run.placements},
@@ -66,7 +64,7 @@ def prepare(backend: SshPool, run: RunRequest) -> Prepared:
         "maps": {"job_dir": str(run.job_dir), "workdir": str(sel.root),
                  "gpufleet": str(Path(gpufleet.__file__).parent)},
         "digest": sel.digest, "max_upload": cap, "setup": getattr(spec, "setup", None) or "",
-        "keep_workdir": bool(getattr(spec, "keep_workdir", False)), "final": final,
+        "keep_workdir": bool(getattr(spec, "keep_workdir", False)), "final": run.final,
         "version": gpufleet.__version__}
     env = {"GPUFLEET_JOB": run.ctx.job_name, "PYTHONUNBUFFERED": "1"}
     shape = node_restart.offer(plan, env, run.job_dir, run.spec)  # restarts in place

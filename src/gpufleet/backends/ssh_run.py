@@ -225,7 +225,7 @@ class Driver(NodeDriver):
         """The job's last run ended (it succeeded, was stopped, or has no restart left): the
         spares' copies of the workdir go, as the nodes' own do (ssh_node `run`)."""
         if not self.spares or not self.ssh["digest"] or self.ssh.get("keep_workdir") or not (
-                self.ssh.get("final") or code == 0 or self.stop_asked):
+                self.ssh.get("final") or code == 0 or self.stop_asked or self.over):
             return
         if self.warming is not None:
             self.warming.join(timeout=PREPARE_TIMEOUT_S)

@@ -82,6 +82,9 @@ class Decision:
     run: int
     env: dict[str, str] = field(default_factory=dict)
     end: int | None = None
+    # with `end`: the job is over (stopped, or no restart left), not about to start anew (a
+    # resize, new launchers): a multi-node run's nodes let the job's workdir copies go
+    over: bool = False
 
 
 def write(path: Path, run: int, env: Mapping[str, str]) -> None:
@@ -89,10 +92,11 @@ def write(path: Path, run: int, env: Mapping[str, str]) -> None:
     _write(path, {"run": run, "env": dict(env)})
 
 
-def write_end(path: Path, code: int) -> None:
-    """The supervisor's decision to give up: the launcher ends with `code`, quietly (killed, it
-    would print a traceback of its own after the workers' failure)."""
-    _write(path, {"run": 0, "env": {}, "end": code})
+def write_end(path: Path, code: int, over: bool = False) -> None:
+    """The supervisor's decision to end the waiting launcher: it ends with `code`, quietly
+    (killed, it would print a traceback of its own after the workers' failure); `over`: the
+    job ends with it (Decision.over)."""
+    _write(path, {"run": 0, "env": {}, "end": code, "over": over})
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -107,7 +111,7 @@ def read(path: Path) -> Decision | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         end = data.get("end")
         return Decision(int(data["run"]), {str(k): str(v) for k, v in data["env"].items()},
-                        None if end is None else int(end))
+                        None if end is None else int(end), bool(data.get("over", False)))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -153,15 +153,16 @@ class Effects:
         run.restarted_in_place()
         return True
 
-    def end_workers(self, grace_s: float) -> None:
+    def end_workers(self, grace_s: float, over: bool = False) -> None:
         """Stop sampling and end this run's process tree (a stopped process too: SIGKILL
-        reaches it where SIGTERM waits for a SIGCONT)."""
+        reaches it where SIGTERM waits for a SIGCONT); `over`: the job ends with it, which a
+        launcher waiting for a decision is told (its nodes let the job's copies go)."""
         run = self.run
         self.telemetry.stop()
         handle = run.handle
         if handle is not None and run.parked is not None and run.restart_file is not None:
             # a launcher waiting with its workers ended ends by itself when told to
-            warm_restart.write_end(Path(run.restart_file), run.parked)
+            warm_restart.write_end(Path(run.restart_file), run.parked, over)
             deadline = time.monotonic() + ASKED_END_S
             while run.backend.poll(handle) is None and time.monotonic() < deadline:
                 time.sleep(0.02)

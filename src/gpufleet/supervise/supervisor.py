@@ -174,7 +174,7 @@ class Supervisor:
         finally:
             if main:  # a second Ctrl-C must not cut the clean-up short and leave workers behind
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-            self.effects.end_workers(10.0)
+            self.effects.end_workers(10.0, over=True)  # the job ends here
             if run.sock is not None and self.lost is None:
                 self._drain(run.sock)
             run.closed()
