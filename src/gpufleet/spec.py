@@ -289,12 +289,11 @@ class ClusterSpec(_Spec):
                              "multi-node pool: gpufleet pool add ray --address HOST:PORT, or "
                              "gpufleet pool up --local --nodes 3 to try one here"))
         caps = capabilities(self.backend)
-        if self.spares and (not caps.multi_node or caps.allocates or caps.simulated):
-            problems.append(("spares", f"spare nodes are held on pools whose nodes gpufleet "
-                             f"places itself (ssh, ray); the {self.backend} pool "
-                             + ("has one node" if not caps.multi_node else
-                                "places nodes by its engine" if caps.allocates else
-                                "runs no processes") + "; drop --spares"))
+        if self.spares and (not caps.multi_node or caps.simulated):
+            problems.append(("spares", f"spare nodes are held on multi-node pools that run "
+                             f"processes (ssh, ray, slurm); the {self.backend} pool "
+                             + ("has one node" if not caps.multi_node else "runs no processes")
+                             + "; drop --spares"))
         return problems
 
     @property

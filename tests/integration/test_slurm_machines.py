@@ -6,12 +6,15 @@ submitter's bridge address.
 One job, run from a folder that exists only here (under this test's /tmp, which the machines
 do not see), in a private $HOME, on two machines: its workdir travels by sbcast, its steps run
 the machines' own node environment (`pool add slurm --python`), its logs and progress come back
-here. A machine is killed mid-job: the run fails naming the lost node and heals on the third
-machine from `--checkpoint-to` (a folder outside what the machines hide, as a file system all
-nodes mount would be). The shipped copy lands in each node's cache under the node user's own
-home (not the submitter's $HOME, which srun carries). `stop` then leaves no process of the job
-and no shipped file on any machine (the driver's clean-up step after the run; srun's SIGTERM
-kills the node's own step before its clean-up), and the Slurm's `down` no process at all.
+here. The third machine is its spare (`--spares 1`: the same Slurm job, `--no-kill`), which
+gets the shipped copy while the first run trains. A machine is killed mid-job: the run fails
+naming the lost node and heals on the spare, inside the same Slurm job, from `--checkpoint-to`
+(a folder outside what the machines hide, as a file system all nodes mount would be); the
+heal on a new allocation is test_slurm_pool's. The shipped copy lands in each node's cache
+under the node user's own home (not the submitter's $HOME, which srun carries). `stop` then
+leaves no process of the job and no shipped file on any machine (the driver's clean-up step
+after the run, srun's SIGTERM killing the node's own step before its clean-up, then the step
+that drops the job's mark), and the Slurm's `down` no process at all.
 
 The module uses the machines `.ci/run` started ($GPUFLEET_TEST_MACHINES; tests/integration/
 machines.py) and starts its own Slurm on them, stopped at the end; a machine it kills is
@@ -179,13 +182,23 @@ def test_a_job_from_a_folder_only_here_runs_on_two_machines_and_heals_a_killed_o
                                 check=False)
             assert seen.stdout.split() == [str(durable)], (m, seen.stdout, seen.stderr)
         ok("pool", "add", "slurm", "--python", machines.python("m1"))
-        ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--max-restarts", "1",
-           "--checkpoint-to", str(durable), "-y", "-d", "--name", "j", "train_job.py", "--",
-           "--steps", "400", "--nap", "0.25")
+        ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--spares", "1",
+           "--max-restarts", "1", "--checkpoint-to", str(durable), "-y", "-d", "--name", "j",
+           "train_job.py", "--", "--steps", "400", "--nap", "0.25")
         fleet.wait_for_step("j", 6, timeout=300)
         cluster = next(c for c in fleet.clusters() if c["job"] == "j")
         first, second = (d.split("/")[0] for d in cluster["devices"])
         third = next(n for n in node_of if n not in (first, second))
+        assert cluster["spares"] == [third], cluster
+        # the spare holds the copy the first run shipped before any node is lost
+        _eventually("the spare warmed", lambda: f"spare {third} warm in " in ok("logs", "j"), 120)
+        warm = re.search(rf"spare {third} warm in [\d.]+ s: workdir (\w+) placed",
+                         ok("logs", "j"))
+        assert warm, ok("logs", "j")
+        node_home = machines.run("m1", "getent passwd \"$(id -un)\" | cut -d: -f6").stdout.strip()
+        held = machines.run(node_of[third], f"ls {node_home}/.cache/gpufleet/workdirs",
+                            check=False).stdout
+        assert warm.group(1) in held, held
         killed = node_of[second]
         at_kill = time.time()
         machines.kill(killed)  # every process of that machine at once: its slurmd, its ranks
@@ -202,8 +215,10 @@ def test_a_job_from_a_folder_only_here_runs_on_two_machines_and_heals_a_killed_o
         replaced = next(e for e in events if e["kind"] == "node_replaced")
         assert f"node worker1 ({second})" in restarting["reason"], events
         assert "NodeLostError" in restarting["reason"], events
-        assert f"node(s) {second} lost" in replaced["reason"], events
-        assert third in replaced["reason"].split("new allocation")[1], events
+        assert replaced["reason"].startswith(f"node {second} lost; replaced by spare node "
+                                             f"{third} "), events
+        kept = [e["reason"] for e in events if e["kind"] == "node_replaced"][1]
+        assert re.match(r"Slurm job \d+ kept: no new allocation", kept), events
         first_step_again = _metric_times(fleet.home, "j", replaced["time"])[0]
         print(f"\nkill -> run failed: {restarting['time'] - at_kill:.1f} s; "
               f"kill -> first step after the heal: {first_step_again - at_kill:.1f} s; "
@@ -223,7 +238,6 @@ def test_a_job_from_a_folder_only_here_runs_on_two_machines_and_heals_a_killed_o
         assert {(r, n) for r, n, *_ in ran} == {("0", first), ("1", second), ("1", third)}, log
         node_env = machines.python("m1").removesuffix("/bin/python")
         # the nodes' cache is under their user's own home, whatever $HOME the submitter has
-        node_home = machines.run("m1", "getent passwd \"$(id -un)\" | cut -d: -f6").stdout.strip()
         cache = f"{node_home}/.cache/gpufleet/workdirs"
         assert node_home and not node_home.startswith(env["HOME"]), node_home
         for _, _, where, python, package in ran:
@@ -253,12 +267,15 @@ def test_a_job_from_a_folder_only_here_runs_on_two_machines_and_heals_a_killed_o
         log = ok("logs", "j")
         cleaned = re.findall(r"workdir \w+ clean-up (?:in [\d.]+s: (.*)|((?:exit|timed out) .*))", log)
         print(f"clean-up steps: {cleaned}")
-        # one clean-up a run: the first run's may find its allocation already given back by
-        # the heal (a warning, never the run's reason: its survivor removed its copy itself);
-        # the stopped run's cleans both machines
+        # one clean-up a run (the allocation outlived the lost node); the stopped run's leaves
+        # the former spare's copy to the job's mark, which the release step then drops
         assert len(cleaned) == 2, log
         assert re.fullmatch(r"head (removed|absent)", cleaned[0][0]) or cleaned[0][1], log
-        assert re.fullmatch(r"head (removed|absent), worker1 (removed|absent)", cleaned[1][0]), log
+        assert re.fullmatch(r"head (removed|absent), worker1 in use", cleaned[1][0]), log
+        released = re.search(r"job j's workdir mark \(nodes and spares\) clean-up in [\d.]+s: "
+                             r"(.*)", log)
+        assert released and sorted(released.group(1).split(", ")) == sorted(
+            [f"{first} nothing marked", f"{third} released"]), log
     finally:
         fleet.cleanup()
         shutil.rmtree(durable, ignore_errors=True)

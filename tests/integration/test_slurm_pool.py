@@ -278,6 +278,64 @@ def test_two_node_gpt_recovers_from_a_killed_slurmd_with_a_new_allocation(
     assert {first, second} < ranks <= set(NODES), ranks
 
 
+def test_a_lost_node_is_replaced_by_a_spare_of_the_same_allocation(
+        sfleet: Fleet, slurm: Path) -> None:
+    """`--spares 1`: one Slurm job of 3 nodes (--no-kill), 2 of them the cluster's and the
+    third its spare, listed and billed; the spare is warmed while the first run trains (the
+    setup once, marked with the job); a node killed mid-job is replaced by the spare inside
+    the same Slurm job (no new sbatch, nothing queued), whose run needs no setup again; after
+    the job, nothing is left in the nodes' cache."""
+    sfleet.ok("run", "--gpu", "H100", "--count", "2", "--nodes", "2", "--spares", "1",
+              "--max-restarts", "1", "--setup", "echo warming $SLURMD_NODENAME", "-y", "-d",
+              "--name", "s", str(WORKERS / "held_gpt.py"), "--", "--hold-at", "13", "--steps",
+              "30", "--checkpoint-every", "6", timeout=120)
+    sfleet.wait_for("s", lambda s: any(e["kind"] == "checkpoint" for e in s.get("events", [])),
+                    timeout=240)
+    cluster = next(c for c in sfleet.clusters() if c["job"] == "s")
+    own = [d.split("/")[0] for d in cluster["devices"]]
+    assert len(own) == 2 and len(cluster["spares"]) == 1, cluster
+    spare = cluster["spares"][0]
+    assert sorted([*own, spare]) == list(NODES)
+    queued = _squeue()
+    assert len(queued) == 1 and queued[0].endswith(" RUNNING"), queued
+    slurm_job = queued[0].split()[0]
+    # warmed while the first run trains (held at step 13): its line says where and what
+    deadline = time.monotonic() + 120
+    while f"spare {spare} warm in " not in (log := sfleet.ok("logs", "s").stdout) and \
+            time.monotonic() < deadline:
+        time.sleep(1)
+    assert re.search(rf"spare {spare} warm in [\d.]+ s: workdir {re.escape(str(sfleet.cwd))} "
+                     r"seen here, setup (ran|done before)", log), log
+    killed = subprocess.run([str(SCRIPT), "kill-node", str(slurm), own[1]], capture_output=True,
+                            text=True, timeout=60)
+    assert killed.returncode == 0, killed.stderr
+    try:
+        final = sfleet.wait_ended("s", timeout=360)
+    finally:
+        back = subprocess.run([str(SCRIPT), "start-node", str(slurm), own[1]],
+                              capture_output=True, text=True, timeout=120)
+        assert back.returncode == 0, back.stderr
+    log = sfleet.ok("logs", "s").stdout
+    assert final["status"] == "succeeded", ([(e["kind"], e["reason"]) for e in final["events"]],
+                                            log[-3000:])
+    replaced = [e["reason"] for e in final["events"] if e["kind"] == "node_replaced"]
+    assert replaced[0] == f"node {own[1]} lost; replaced by spare node {spare} (127.0.0.1)"
+    assert replaced[1].startswith(f"Slurm job {slurm_job} kept: no new allocation"), replaced
+    runs = re.findall(r"torchrun starting on 2 node\(s\) of Slurm job (\d+): head \((n\d)\), "
+                      r"worker1 \((n\d)\)", log)
+    assert runs == [(slurm_job, own[0], own[1]), (slurm_job, own[0], spare)], runs
+    # the setup ran once in the whole job (the nodes share this machine's cache here; the
+    # spare's mark kept its marker past the first run's clean-up): none in the second run
+    second = log.split("----- gpufleet: restart 1:")[1]
+    assert "setup: warming" not in second, second[:2000]
+    assert final["loss"] < final["first_loss"], final
+    assert re.search(r"job s's workdir mark \(nodes and spares\) clean-up in [\d.]+s: ", log), \
+        log[-2000:]
+    cache = Path(os.path.expanduser("~root")) / ".cache" / "gpufleet" / "workdirs"
+    left = [p.name for p in cache.glob("*.users/s")] if cache.is_dir() else []
+    assert left == [], left
+
+
 def test_a_failure_that_loses_no_node_restarts_in_the_same_allocation(sfleet: Fleet) -> None:
     """Every restart of a multi-node job asks whether to heal; with no node lost and the
     allocation still running, the next run uses the same Slurm job (no new sbatch)."""

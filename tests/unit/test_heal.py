@@ -176,9 +176,8 @@ def test_a_lost_spare_is_let_go_and_made_up(store: Store) -> None:
 
 
 @pytest.mark.parametrize("backend, says", [("local", "the local pool has one node"),
-                                           ("slurm", "places nodes by its engine"),
                                            ("sim", "runs no processes")])
-def test_spares_are_refused_where_gpufleet_does_not_place_the_nodes(
+def test_spares_are_refused_where_no_other_node_could_run_the_job(
         backend: str, says: str) -> None:
     with pytest.raises(SpecError) as got:
         ClusterSpec.parse({"gpu": "cpu", "count": 2, "backend": backend, "spares": 1})

@@ -81,6 +81,12 @@ def test_the_ask_names_the_gpus_as_the_partition_does_and_constrains_a_mixed_net
     ib = alloc.Ask("u", "H100-SXM", 8, 1, network="infiniband")
     assert backend.sbatch_ask(ib).feature == "h100"
     assert "--constraint=h100" in cmds.sbatch(backend.sbatch_ask(alloc.Ask("u", "H100-SXM", 8, 1)))
+    # spares: whole nodes more in the same allocation, which outlives a node's failure
+    spared = backend.sbatch_ask(alloc.Ask("s", "H100-SXM", 2, 1, spares=2))
+    argv = cmds.sbatch(spared)
+    assert (spared.nodes, spared.whole_nodes, spared.no_kill) == (3, True, True)
+    assert "--nodes=3" in argv and "--no-kill" in argv and "--gres=gpu:2" in argv
+    assert "--no-kill" not in cmds.sbatch(backend.sbatch_ask(ib))
 
 
 def test_slurm_job_states_read_as_pending_granted_or_ended() -> None:

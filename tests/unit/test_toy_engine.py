@@ -82,11 +82,19 @@ class ToyEngine(DriverProcs):
             ask = self.asks[int(ref[1:]) - 1]
             busy = {n for nodes in self.held.values() for n in nodes} | self.lost
             free = [n for n in self.nodes if n not in busy and n not in ask.exclude]
-            if len(free) < ask.nodes:
+            if len(free) < ask.nodes + ask.spares:
                 return alloc.Pending("Quota", "Quota (waiting for the toy quota)",
                                      never_clears=True)
-            self.held[ref] = free[:ask.nodes]
+            self.held[ref] = free[:ask.nodes + ask.spares]
         return alloc.Granted(tuple((n, tuple(range(2))) for n in self.held[ref]))
+
+    def fail(self, node: str) -> None:
+        """The node fails: an allocation with spares outlives it without that node (as
+        Slurm's --no-kill does); one without keeps listing it, as the heal finds it."""
+        self.lost.add(node)
+        for ref, nodes in self.held.items():
+            if self.asks[int(ref[1:]) - 1].spares and node in nodes:
+                nodes.remove(node)
 
     def cancel(self, ref: str) -> None:
         self.cancelled.append(ref)
@@ -206,3 +214,75 @@ def test_a_heal_that_lost_no_node_keeps_the_allocation(toy: ToyEngine, tmp_path:
     with pytest.raises(AllocationError, match="could never hold this"):
         provision.provision(store, spec.model_copy(update={"name": "big", "count": 8,
                                                            "nodes": 4}), None)
+
+
+def test_a_lost_node_is_replaced_by_a_spare_of_the_same_allocation(
+        toy: ToyEngine, tmp_path: Path) -> None:
+    """`--spares 1` on an engine that allocates: the spare is granted in the cluster's own
+    allocation, listed and billed; a lost node is replaced by it with no new allocation (none
+    cancelled, none asked), billed for what is left; the next loss, with no spare left, asks
+    the engine again, for the spare too."""
+    store = Store(url=f"sqlite:///{tmp_path}/s.db")
+    pool_setup.add(store, "toy", "p", None, [], None, True)
+    said: list[str] = []
+    spec = ClusterSpec.parse(provision.with_pool(store, {
+        "name": "s", "gpu": "H100", "count": 4, "nodes": 2, "spares": 1}))
+    with pytest.raises(AllocationError, match=r"could never hold this.* \(the cluster's 2 "
+                       r"and 2 spare\) \[pool p\]"):
+        provision.provision(store, spec.model_copy(update={"spares": 2}), None)
+    assert toy.asks == []  # refused before anything was asked
+    cluster = provision.provision(store, spec, None, say=said.append)
+    assert (toy.asks[0].nodes, toy.asks[0].spares) == (2, 1)
+    own = [p.node_id for p in clusters.placements(store, cluster)]
+    spare = [p.node_id for p in clusters.spares(store, cluster)]
+    assert len(own) == 2 and len(spare) == 1 and sorted(own + spare) == ["n1", "n2", "n3"]
+    assert (cluster.nodes, cluster.spares, cluster.count, cluster.billed_devices) == (2, 1, 4, 6)
+    rate = cluster.usd_per_hour
+    assert rate > 0
+
+    toy.fail(own[0])
+    healed, notes = engine_heal.reallocate(store, toy, cluster, {own[0]}, said.append)
+    assert notes == [f"node {own[0]} lost; replaced by spare node {spare[0]} "
+                     f"(10.9.0.{spare[0][1:]})",
+                     "toy allocation t1 kept: no new allocation, no wait in Toy's queue; no new "
+                     "spare until a heal asks Toy for a new allocation"]
+    assert toy.cancelled == [] and len(toy.asks) == 1
+    assert sorted(p.node_id for p in clusters.placements(store, healed)) == \
+        sorted([own[1], spare[0]])
+    assert clusters.spares(store, healed) == []
+    assert (healed.engine_ref, healed.nodes, healed.spares, healed.count) == ("t1", 2, 0, 4)
+    assert healed.usd_per_hour == pytest.approx(rate * 4 / 6)
+
+    toy.fail(own[1])  # no spare left: the engine is asked again: with the spare (never asked:
+    # 3 nodes but the one lost now could never hold it), the same size (never clears), fewer
+    again, notes = engine_heal.reallocate(store, toy, healed, {own[1]}, said.append)
+    assert [(a.nodes, a.spares) for a in toy.asks] == [(2, 1), (2, 0), (1, 0)]
+    assert notes[0].endswith("; going on with 1 node(s)"), notes
+    assert (again.nodes, again.spares, again.count) == (1, 0, 2)
+    assert [p.node_id for p in clusters.placements(store, again)] == [spare[0]]
+    clusters.stop(store, "s")
+    assert toy.held == {}
+
+
+def test_a_new_allocation_after_a_heal_holds_the_spares_again(
+        toy: ToyEngine, tmp_path: Path) -> None:
+    """A lost node with no spare alive in the allocation (the spare failed first): the new
+    allocation asks for the cluster's spares again and records them as spares."""
+    toy.nodes.update({n: _node(n) for n in ("n4", "n5")})
+    store = Store(url=f"sqlite:///{tmp_path}/s.db")
+    pool_setup.add(store, "toy", "p", None, [], None, True)
+    spec = ClusterSpec.parse(provision.with_pool(store, {
+        "name": "t", "gpu": "H100", "count": 2, "nodes": 1, "spares": 1}))
+    cluster = provision.provision(store, spec, None, say=lambda _t: None)
+    own = clusters.placements(store, cluster)[0].node_id
+    spare = clusters.spares(store, cluster)[0].node_id
+    toy.fail(spare)
+    toy.fail(own)
+    healed, notes = engine_heal.reallocate(store, toy, cluster, {own}, lambda _t: None)
+    assert toy.cancelled == ["t1"] and "new allocation: toy allocation t2" in notes[0], notes
+    assert (healed.engine_ref, healed.nodes, healed.spares, healed.billed_devices) == \
+        ("t2", 1, 1, 4)
+    left = {p.node_id for p in clusters.placements(store, healed)} | \
+        {p.node_id for p in clusters.spares(store, healed)}
+    assert len(left) == 2 and not left & {own, spare}
+    clusters.stop(store, "t")

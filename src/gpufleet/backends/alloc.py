@@ -26,7 +26,9 @@ from gpufleet.pool.model import Node
 @dataclass(frozen=True)
 class Ask:
     """What one cluster asks the engine for: `count` devices of catalog type `gpu` over
-    `nodes` nodes, none of `exclude` (a heal's lost nodes)."""
+    `nodes` nodes, and `spares` nodes more like them in the same allocation, none of `exclude`
+    (a heal's lost nodes). An allocation with spares must outlive the failure of one of its
+    nodes (Slurm's `--no-kill`): that is when a spare is used."""
 
     cluster: str
     gpu: str
@@ -36,6 +38,7 @@ class Ask:
     exclude: tuple[str, ...] = ()
     user: str = ""  # whom it is for: engines that keep a note with the allocation show it
     network: str | None = None  # "infiniband" or "ethernet" between nodes; None: any
+    spares: int = 0  # whole nodes more, held in the same allocation (`--spares`), not in `count`
 
     @property
     def per_node(self) -> int:

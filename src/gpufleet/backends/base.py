@@ -53,6 +53,7 @@ class RunRequest:
     # spare nodes the cluster holds beside `placements` (`--spares`): an engine that ships a
     # workdir warms them (ships it, runs the setup) while the run goes on
     spares: list[Placement] = field(default_factory=list)
+    spared: bool = False  # launched with spares: a node may hold the job's mark from then
 
     @property
     def final(self) -> bool:

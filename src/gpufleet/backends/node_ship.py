@@ -54,4 +54,8 @@ class ShippingAgent(NodeAgent):
                             node=name, env=os.environ)
 
     def remove_workdir(self, digest: str, user: str) -> bool:
+        """`user`'s mark off the copy `digest` (EVERY: off every copy it is on, the job's
+        mark once the job is done); whether a copy went."""
+        if digest == node_workdir.EVERY:
+            return bool(node_workdir.remove_everywhere(node_workdir.cache_root(), user))
         return node_workdir.remove(node_workdir.cache_root(), digest, user)

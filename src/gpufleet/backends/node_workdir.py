@@ -34,6 +34,7 @@ CACHE_ENV = "GPUFLEET_WORKDIR_CACHE"  # overrides the cache root (tests; a site'
 DEFAULT_CACHE = "~/.cache/gpufleet/workdirs"
 TAIL_LINES = 20  # the last lines of a failed setup carried in its reason
 _DIGEST_CHARS = frozenset("0123456789abcdef")
+EVERY = "*"  # in place of a digest: every copy the mark is on (`remove_everywhere`)
 
 
 class WorkdirMissing(RuntimeError):
@@ -146,10 +147,15 @@ def _set_up_locked(root: Path, digest: str, folder: Path, setup: str,
 
 
 def set_up(root: Path, digest: str, folder: Path, setup: str, say: Callable[[str], None], *,
-           node: str = "", env: Mapping[str, str] | None = None) -> None:
+           node: str = "", env: Mapping[str, str] | None = None, user: str = "") -> None:
     """`setup` run once per node per digest in `folder`, a workdir the node sees where it is
-    (a shared file system: nothing was shipped); the marker is kept in this node's cache."""
+    (a shared file system: nothing was shipped); the marker is kept in this node's cache.
+    `user`: a mark that keeps the marker until `remove` drops it (a Slurm spare's, the job's)."""
     with _locked(root):
+        if user:
+            users = root / f"{_checked(digest)}.users"
+            users.mkdir(exist_ok=True)
+            (users / user.replace("/", "_")).touch()
         _set_up_locked(root, _checked(digest), folder, setup, say, node, env)
 
 
@@ -169,3 +175,17 @@ def remove(root: Path, digest: str, user: str = "") -> bool:
         existed = folder.exists()
         shutil.rmtree(folder, ignore_errors=True)
     return existed
+
+
+def remove_everywhere(root: Path, user: str) -> list[str]:
+    """`remove` for every digest `user` marks in this cache: a job done with its workdir drops
+    its mark from the copies of earlier runs too (a workdir the job writes into changes its
+    digest from run to run). Returns the digests whose copy or markers went."""
+    name = user.replace("/", "_")
+    gone = []
+    for mark in sorted(root.glob(f"*.users/{name}")) if root.is_dir() else []:
+        digest = mark.parent.name.removesuffix(".users")
+        if set(digest) <= _DIGEST_CHARS and (remove(root, digest, user)
+                                             or not (root / f"{digest}.users").exists()):
+            gone.append(digest)
+    return gone

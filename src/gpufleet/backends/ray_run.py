@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpufleet.backends import files_back, shipping, workdir_ship
+from gpufleet.backends import files_back, node_workdir, shipping, workdir_ship
 from gpufleet.backends.exits import NODE_LOST_EXIT
 from gpufleet.backends.node_driver import STOPPED_EXIT, NodeDriver, tag
 from gpufleet.backends.node_ship import ShippingAgent
@@ -195,12 +195,14 @@ class Driver(NodeDriver):
         self.travelled = None
         if done and self.spares is not None:
             self.spares.release()
-        marks = [self.job, self.user] if done else [self.user]  # in order: one actor each
+        # in order, one actor each: the run's mark, then the job's off every copy it is on (an
+        # earlier run's digest too: a workdir the job writes into changes from run to run)
+        marks = [(digest, self.user)] + ([(node_workdir.EVERY, self.job)] if done else [])
         refs = []
         for i in where:
-            for mark in marks:
+            for on, mark in marks:
                 with contextlib.suppress(Exception):
-                    refs.append(self.agents[i].remove_workdir.remote(digest, mark))
+                    refs.append(self.agents[i].remove_workdir.remote(on, mark))
         with contextlib.suppress(Exception):
             self.ray.wait(refs, num_returns=len(refs), timeout=30)
 

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpufleet.backends import node_workdir
+
 WARM_TIMEOUT_S = 3600.0  # a spare's setup (a `pip install`) may take long; the run goes on
 PLACED_TIMEOUT_S = 60.0
 RELEASE_TIMEOUT_S = 30.0
@@ -99,7 +101,7 @@ class Spares:
         refs = []
         for agent in self.agents.values():
             with contextlib.suppress(Exception):
-                refs.append(agent.remove_workdir.remote(self.digest, self.job))
+                refs.append(agent.remove_workdir.remote(node_workdir.EVERY, self.job))
         with contextlib.suppress(Exception):
             self.ray.wait(refs, num_returns=len(refs), timeout=RELEASE_TIMEOUT_S)
 

@@ -136,10 +136,14 @@ class SlurmBackend(DriverProcs):
             feature = "&".join(f for f in (feature, names) if f)
         per_gpu = [(n.cpus // len(n.node.devices), n.memory_mb // len(n.node.devices))
                    for n in typed if n.node.devices]
+        # spares: nodes of the same allocation, which outlives a node's failure (--no-kill),
+        # so that a heal takes one at once instead of waiting in the queue for a new allocation
+        held = ask.nodes + ask.spares
         return cmds.Ask(
-            cluster=ask.cluster, nodes=ask.nodes, per_node=ask.per_node, gres_type=gres_type,
+            cluster=ask.cluster, nodes=held, per_node=ask.per_node, gres_type=gres_type,
             feature=feature, partition=self.partition, account=self.account,
-            time_limit_s=ask.time_limit_s, exclude=ask.exclude, whole_nodes=ask.nodes > 1,
+            time_limit_s=ask.time_limit_s, exclude=ask.exclude, whole_nodes=held > 1,
+            no_kill=ask.spares > 0,
             cpus_per_gpu=max(1, min(c for c, _ in per_gpu)) if per_gpu else 0,
             mem_per_gpu_mb=min(m for _, m in per_gpu) if per_gpu else 0, user=ask.user)
 
@@ -148,7 +152,8 @@ class SlurmBackend(DriverProcs):
         AllocationError with Slurm's own reason."""
         sb = self.sbatch_ask(ask)
         done = self.call(cmds.sbatch(sb))
-        shape = f"{sb.nodes} node(s) x --gres={sb.gres}"
+        shape = f"{sb.nodes} node(s) x --gres={sb.gres}" + (
+            f", {ask.spares} of them spare (--no-kill)" if ask.spares else "")
         if done.returncode != 0:
             why = _first(done.stderr).removeprefix("sbatch: error: ")
             raise AllocationError(f"slurm: {why or 'sbatch refused the request'} (partition "
@@ -222,6 +227,10 @@ class SlurmBackend(DriverProcs):
             address=self.pool, loopback=loopback,
             memory_per_slot=psutil.virtual_memory().total // max(1, run.cluster_devices))
         plan["job_id"] = run.engine_ref
+        # spares: nodes of the same allocation no step uses, warmed by the driver (slurm_spares)
+        plan["spares"] = [{"node_id": p.node_id} for p in run.spares]
+        plan["spared"] = run.spared or bool(run.spares)  # the job's mark to drop at its end
+        plan["final"] = run.final
         plan["slurm_conf"] = self.slurm_conf
         plan["node_python"] = self.python
         env = {"GPUFLEET_JOB": run.ctx.job_name, "PYTHONUNBUFFERED": "1"}

@@ -33,6 +33,7 @@ CLEAN_TIMEOUT_S = 30.0  # srun's step start and a Python on each node; far above
 MARK = "gpufleet-clean"  # what each node prints: `gpufleet-clean NODE OUTCOME`
 KEEP, DROP = "keep", "drop"
 NONE = "-"  # no shipped copy to remove on the nodes (a run in an image whose nodes see files)
+EVERY = node_workdir.EVERY  # every digest the mark is on (slurm_spares: the job's, once done)
 CONTAINERS = "--containers"  # then the job's name: its containers are removed too
 
 
@@ -119,7 +120,7 @@ def clean(plan: dict[str, Any], node_plans: Mapping[int, Path], lost: set[str],
                               stdin=subprocess.DEVNULL, timeout=CLEAN_TIMEOUT_S)
         code, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
-        code, output = None, _text(exc.stdout) + _text(exc.stderr)
+        code, output = None, text_of(exc.stdout) + text_of(exc.stderr)
     except OSError as exc:
         code, output = 127, str(exc)
     renamed = "\n".join(_renamed(ln, names) for ln in output.splitlines())
@@ -128,7 +129,7 @@ def clean(plan: dict[str, Any], node_plans: Mapping[int, Path], lost: set[str],
                time.monotonic() - started))
 
 
-def _text(data: bytes | str | None) -> str:
+def text_of(data: bytes | str | None) -> str:
     if isinstance(data, bytes):
         return data.decode("utf-8", "replace")
     return data or ""
@@ -154,6 +155,9 @@ def node_main(args: list[str]) -> int:
     root = node_cache()
     if digest == NONE:
         outcome = "no copy"
+    elif digest == EVERY:
+        released = node_workdir.remove_everywhere(root, user) if keep != KEEP else []
+        outcome = "released" if released else "nothing marked"
     elif keep == KEEP:
         outcome = "kept"
     elif not root.is_dir():

@@ -31,6 +31,7 @@ class Ask:
     time_limit_s: float | None = None
     exclude: tuple[str, ...] = ()  # nodes not to take (a heal's lost ones)
     whole_nodes: bool = False  # --exclusive: a multi-node cluster takes its nodes whole
+    no_kill: bool = False  # --no-kill: a node's failure does not end the allocation (spares)
     cpus_per_gpu: int = 0  # 0: Slurm's default
     mem_per_gpu_mb: int = 0
     user: str = ""
@@ -69,6 +70,8 @@ def sbatch(ask: Ask) -> list[str]:
         argv.append(f"--time={time_arg(ask.time_limit_s)}")
     if ask.exclude:
         argv.append(f"--exclude={','.join(ask.exclude)}")
+    if ask.no_kill:
+        argv.append("--no-kill")
     if ask.whole_nodes:
         argv += ["--exclusive", "--mem=0"]
     else:
@@ -111,11 +114,17 @@ CLEAN_STEP = "gpufleet-clean"
 
 
 def clean_step(job_id: str, nodes: list[str], argv: list[str]) -> list[str]:
-    """One step over the allocation's `nodes`, a task on each, running `argv` from `/` (the
-    nodes need not have this machine's folder): a run's clean-up (slurm_clean)."""
+    """A run's clean-up (slurm_clean) over the allocation's `nodes`."""
+    return spread_step(job_id, nodes, CLEAN_STEP, argv)
+
+
+def spread_step(job_id: str, nodes: list[str], name: str, argv: list[str]) -> list[str]:
+    """One step named `name` over the allocation's `nodes`, a task on each, running `argv`
+    from `/` (the nodes need not have this machine's folder): a clean-up, the spares' warming
+    (slurm_spares)."""
     return ["srun", f"--jobid={job_id}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
             "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--overlap", "--quiet",
-            f"--job-name={CLEAN_STEP}", "--chdir=/", *argv]
+            f"--job-name={name}", "--chdir=/", *argv]
 
 
 def sbcast(job_id: str, src: str, dest: str) -> list[str]:

@@ -33,7 +33,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet.backends import files_back, node_workdir, slurm_clean, slurm_travel, workdir_ship
+from gpufleet.backends import (
+    files_back,
+    node_workdir,
+    slurm_clean,
+    slurm_spares,
+    slurm_travel,
+    workdir_ship,
+)
 from gpufleet.backends import slurm_cmds as cmds
 from gpufleet.backends import slurm_parse as parse
 from gpufleet.backends.node_agent import NodeAgent
@@ -83,14 +90,30 @@ class Driver(NodeDriver):
         self.how = ""
         self.node_plans = {i: plan_path for i in range(len(self.nodes))}
         self.lost_ids: set[str] = set()
+        self.warming: slurm_spares.Warming | None = None
+        self.final = bool(plan.get("final"))  # the job's last run (or restart in place)
 
     def run(self) -> int:
         """The run, then the clean-up step over the nodes that got a shipped copy (however
-        the run ended: its steps may have been killed before their own clean-up)."""
+        the run ended: its steps may have been killed before their own clean-up); once the
+        job is done, the job's mark off the nodes and the spares (slurm_spares)."""
+        code: int | None = None
         try:
-            return super().run()
+            code = super().run()
+            return code
         finally:
+            if self.warming is not None:
+                self.warming.stop()
             slurm_clean.clean(self.plan, self.node_plans, self.lost_ids, self.env, self.say)
+            if code == 0 or self.stop_asked or self.final or self.over:
+                slurm_spares.release(self.plan, self.lost_ids, self.env, self.say)
+
+    def next_is_final(self) -> bool:
+        """The plan the supervisor wrote for the run it asked for says whether it is the
+        job's last: the spares' marks go after it."""
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            self.final = bool(json.loads(self.plan_path.read_text())["final"])
+        return self.final
 
     def lost(self, text: str, node_ids: set[str]) -> None:
         self.lost_ids |= node_ids  # no clean-up step for them: their slurmd does not answer
@@ -124,6 +147,12 @@ class Driver(NodeDriver):
             self.readers.append(reader)
         self.say(f"torchrun starting on {len(self.nodes)} node(s) of Slurm job {self.job_id}: "
                  + ", ".join(f"{n['name']} ({n['node_id']})" for n in self.nodes))
+        warm = slurm_spares.warm_argv(self.plan, self.plan_path,
+                                      self.plan.get("node_python") or sys.executable)
+        if warm is not None:
+            self.warming = slurm_spares.Warming(warm, self.env, self.say,
+                                                slurm_spares.spare_ids(self.plan))
+            self.warming.start()
         return None
 
     def _drain(self) -> None:

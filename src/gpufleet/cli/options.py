@@ -42,9 +42,10 @@ Disk = Annotated[str | None, typer.Option(
 Nodes = Annotated[int | None, typer.Option(
     "--nodes", help="Nodes to spread over." + default("1 on this host, else 8 GPUs a node"))]
 Spares = Annotated[int | None, typer.Option(
-    "--spares", help="Whole free nodes held beside the cluster's on an SSH or Ray pool: each "
-    "run ships its workdir, runs its setup and pulls its image there, and a lost node is "
-    "replaced by one at once. Billed with the cluster." + default("0"))]
+    "--spares", help="Whole free nodes held beside the cluster's on an SSH, Ray or Slurm pool "
+    "(on Slurm: in the same allocation): each run ships its workdir, runs its setup and pulls "
+    "its image there, and a lost node is replaced by one at once. Billed with the cluster."
+    + default("0"))]
 Backend = Annotated[str | None, typer.Option(
     "--backend", help="local, ray or sim: the only pool of that kind.")]
 PoolOpt = Annotated[str | None, typer.Option(

@@ -123,8 +123,9 @@ def _checked(s: Session, spec: ClusterSpec, name: str, nodes: list[Node],
             raise SpecError([("count", slot_words.beyond_host(spec.count, offered))])
         return allocate(spec.gpu, spec.count, spec.node_count, spec.fabric, nodes, held(s))
     if capabilities(spec.backend).allocates:  # the engine decides: `nodes` is what it granted
-        return allocate(spec.gpu, spec.count, spec.node_count, spec.network, nodes, {}, {},
-                        whole=spec.node_count > 1)
+        granted = spec.node_count + spec.spares  # spares: granted in the same allocation
+        return allocate(spec.gpu, spec.billed_count, granted, spec.network, nodes, {}, {},
+                        whole=granted > 1)
     # spare nodes are allocated with the cluster's own, whole nodes of the same type and fabric
     wanted = spec.node_count + spec.spares if spec.spares else spec.nodes
     if pool is None:
@@ -346,22 +347,28 @@ def stop(store: Store, name: str, reason: str = "stopped by user", cluster_id: i
     return c
 
 
-def regrant(store: Store, cluster_id: int, nodes: list[Node], engine_ref: str) -> Cluster:
+def regrant(store: Store, cluster_id: int, nodes: list[Node], engine_ref: str,
+            spares: int = 0) -> Cluster:
     """The cluster now holds what its engine granted anew (`nodes`, each with just its granted
-    devices) under allocation `engine_ref`, in place of everything it held; billed for the new
-    size from now if that changed."""
+    devices; the last `spares` of them as spare nodes) under allocation `engine_ref`, in place
+    of everything it held; billed for the new size from now if that changed."""
     with store.session() as s:
         c = s.get(Cluster, cluster_id)
         if c is None or c.status not in ACTIVE:
             raise ConflictError(f"cluster: {cluster_id} is not running")
+        billed_before = c.billed_devices
         for r in s.scalars(select(Reservation).where(Reservation.cluster_id == c.id)).all():
             s.delete(r)
         s.flush()  # the deletes first: the new grant may hold the same devices again
-        s.add_all(reservation_rows(c, [Placement(n.id, n.address, n.devices) for n in nodes]))
-        count = sum(len(n.devices) for n in nodes)
-        if count != c.count:
-            rebill(c, count, time.time())
-        c.nodes, c.count, c.engine_ref = len(nodes), count, engine_ref
+        own = len(nodes) - spares
+        placed = [Placement(n.id, n.address, n.devices) for n in nodes]
+        s.add_all(reservation_rows(c, placed[:own]))
+        s.add_all(reservation_rows(c, placed[own:], spare=True))
+        count = sum(len(n.devices) for n in nodes[:own])
+        billed = sum(len(n.devices) for n in nodes)
+        if billed != billed_before:
+            rebill(c, billed, time.time())
+        c.nodes, c.spares, c.count, c.engine_ref = own, spares, count, engine_ref
         return c
 
 

@@ -138,15 +138,18 @@ def granted_nodes(engine: Allocating, ref: str, granted: Granted, nodes: list[No
 
 def grant(engine: Allocating, cluster: str, gpu: str, count: int, nodes_wanted: int | None,
           network: str | None, time_limit_s: float | None, say: Say, user: str = "",
-          exclude: tuple[str, ...] = (), deadline_s: float | None = None) -> Grant:
-    """Ask the engine for the nodes and wait until it grants them."""
+          exclude: tuple[str, ...] = (), deadline_s: float | None = None,
+          spares: int = 0) -> Grant:
+    """Ask the engine for the nodes (and `spares` whole nodes more like them, in the same
+    allocation: the grant's last nodes are for them) and wait until it grants them."""
     nodes = engine.discover()
     left = [n for n in nodes if n.id not in exclude]
-    refuse_impossible(gpu, count, nodes_wanted, network, left, engine.where)
     want = nodes_wanted or 1
+    refuse_impossible(gpu, count + spares * (count // want),
+                      want + spares if spares else nodes_wanted, network, left, engine.where)
     ref, shape = engine.request(Ask(
         cluster, gpu, count, want, time_limit_s, exclude, user,
-        network if network in ("infiniband", "ethernet") else None))
+        network if network in ("infiniband", "ethernet") else None, spares))
     say(f"{engine.alloc_word} {ref} submitted ({shape}"
         f"{', excluding ' + ','.join(exclude) if exclude else ''})")
     granted = wait_running(engine, ref, say, deadline_s=deadline_s)

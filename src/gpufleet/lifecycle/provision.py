@@ -108,16 +108,20 @@ def _granted(store: Store, spec: ClusterSpec, approve: Approve | None,
     clusters.check_name_free(store, name)
     nodes = backend.discover()
     try:
-        empty = engine_alloc.refuse_impossible(spec.gpu, spec.count, spec.nodes, spec.network,
-                                               nodes, backend.where)
+        empty = engine_alloc.refuse_impossible(
+            spec.gpu, spec.billed_count, spec.node_count + spec.spares if spec.spares
+            else spec.nodes, spec.network, nodes, backend.where)
     except AllocationError as exc:
-        raise AllocationError(f"{exc} [pool {pool}]") from None
+        spared = f" (the cluster's {spec.node_count} and {spec.spares} spare)" \
+            if spec.spares else ""
+        raise AllocationError(f"{exc}{spared} [pool {pool}]") from None
     if approve is not None:
         network = clusters.network_of(spec, empty, nodes)
         approve(Offer(spec, pool, network,
                       clusters.quote_for(spec, network, clusters.is_simulated(empty))))
     got = engine_alloc.grant(backend, name, spec.gpu, spec.count, spec.node_count,
-                             spec.network, spec.time_limit_s, say, user or "")
+                             spec.network, spec.time_limit_s, say, user or "",
+                             spares=spec.spares)
     try:
         return clusters.launch(store, spec, got.nodes, for_job=for_job, pool=pool, user=user,
                                then=then, engine_ref=got.ref)

@@ -9,6 +9,12 @@ that already holds what the job needs; then it reserves a new spare from the fre
 the next run warms. With no spare left a free node is reserved as before; with none free the
 job goes on with the healthy nodes alone. Spares that could not be made up are tried again at
 the next heal, not before.
+
+On an engine that allocates (Slurm) the spares are nodes of the cluster's own allocation, which
+outlives the failure of one of its nodes (`--no-kill`): `promote` makes spares the cluster's in
+place of the lost nodes, with no new allocation and so no wait in the engine's queue; the
+allocation cannot grow, so no new spare is taken until a heal asks the engine again
+(lifecycle/engine_heal.py).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import time
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpufleet.errors import AllocationError
 from gpufleet.lifecycle import clusters
@@ -43,12 +50,7 @@ def heal(store: Store, cluster: Cluster, nodes: list[Node]) -> tuple[Cluster, li
     by_id = {n.id: n for n in nodes}
     notes: list[str] = []
     with store.session() as s:
-        c = s.get(Cluster, cluster.id)
-        assert c is not None
-        mine: dict[str, list[Reservation]] = {}
-        spare: dict[str, list[Reservation]] = {}
-        for r in s.scalars(select(Reservation).where(Reservation.cluster_id == c.id)).all():
-            (spare if r.spare else mine).setdefault(r.node_id, []).append(r)
+        c, mine, spare = _held(s, cluster)
 
         def lost(nid: str) -> bool:
             return nid not in by_id or not by_id[nid].healthy
@@ -90,12 +92,7 @@ def heal(store: Store, cluster: Cluster, nodes: list[Node]) -> tuple[Cluster, li
         for nid in bad:
             let_go(mine.pop(nid))
             if spare:  # a spare first: held, and warmed by the runs before
-                sid, rows = next(iter(spare.items()))
-                del spare[sid]
-                for r in rows:
-                    r.spare = False
-                mine[sid] = rows
-                notes.append(f"node {nid} lost; replaced by spare node {sid} ({rows[0].address})")
+                notes.append(_use_spare(mine, spare, nid, next(iter(spare))))
                 continue
             try:
                 notes.append(f"node {nid} lost; replaced by node {take_free(False)}")
@@ -112,9 +109,65 @@ def heal(store: Store, cluster: Cluster, nodes: list[Node]) -> tuple[Cluster, li
                 notes.append(f"no free node for a new spare ({exc}); {len(spare)} spare "
                              "node(s) left")
                 break
-        billed = (len(mine) + len(spare)) * per
-        if billed != billed_before:
-            clusters.rebill(c, billed, time.time())
-        c.nodes, c.spares = len(mine), len(spare)
-        c.count = c.nodes * per
+        _settle(c, mine, spare, per, billed_before)
         return c, notes
+
+
+def promote(store: Store, cluster: Cluster, lost: set[str],
+            alive: set[str]) -> tuple[Cluster, list[str]] | None:
+    """Replace the cluster's `lost` nodes by its spare nodes still in its allocation (`alive`:
+    the nodes the engine grants it now), in one write transaction; spares not in `alive` are
+    let go. None, changing nothing, when fewer spares are alive than nodes were lost. Billed
+    for what it holds from now on. Returns the cluster and one line per change."""
+    with store.session() as s:
+        c, mine, spare = _held(s, cluster)
+        bad = sorted(nid for nid in mine if nid in lost or nid not in alive)
+        usable = sorted(nid for nid in spare if nid in alive and nid not in lost)
+        if not bad or len(usable) < len(bad):
+            return None
+        per = len(next(iter(mine.values())))
+        billed_before = (len(mine) + len(spare)) * per
+        notes = []
+        for sid in sorted(set(spare) - set(usable)):
+            for r in spare.pop(sid):
+                s.delete(r)
+            notes.append(f"spare node {sid} lost; let go")
+        for nid, sid in zip(bad, usable, strict=False):
+            for r in mine.pop(nid):
+                s.delete(r)
+            notes.append(_use_spare(mine, spare, nid, sid))
+        _settle(c, mine, spare, per, billed_before)
+        return c, notes
+
+
+Rows = dict[str, list[Reservation]]  # node id -> its reservation rows
+
+
+def _held(s: Session, cluster: Cluster) -> tuple[Cluster, Rows, Rows]:
+    """The cluster as this transaction sees it, with its own nodes' rows and its spares'."""
+    c = s.get(Cluster, cluster.id)
+    assert c is not None
+    mine: Rows = {}
+    spare: Rows = {}
+    for r in s.scalars(select(Reservation).where(Reservation.cluster_id == c.id)
+                       .order_by(Reservation.node_id, Reservation.device_index)).all():
+        (spare if r.spare else mine).setdefault(r.node_id, []).append(r)
+    return c, mine, spare
+
+
+def _use_spare(mine: Rows, spare: Rows, lost: str, sid: str) -> str:
+    """Spare `sid` becomes one of the cluster's nodes in place of `lost`; the event's line."""
+    rows = spare.pop(sid)
+    for r in rows:
+        r.spare = False
+    mine[sid] = rows
+    return f"node {lost} lost; replaced by spare node {sid} ({rows[0].address})"
+
+
+def _settle(c: Cluster, mine: Rows, spare: Rows, per: int, billed_before: int) -> None:
+    """Billed for what the cluster holds from now on; its counts as held."""
+    billed = (len(mine) + len(spare)) * per
+    if billed != billed_before:
+        clusters.rebill(c, billed, time.time())
+    c.nodes, c.spares = len(mine), len(spare)
+    c.count = c.nodes * per

@@ -224,7 +224,8 @@ def engine_lines(store: Store, spec: JobSpec, cspec: ClusterSpec | None,
     if engine is None:
         return ()
     ask = None if cspec is None else Ask(
-        cspec.name or "", cspec.gpu, cspec.count, cspec.node_count, cspec.time_limit_s)
+        cspec.name or "", cspec.gpu, cspec.count, cspec.node_count, cspec.time_limit_s,
+        spares=cspec.spares)
     job_id = cluster.engine_ref if cluster is not None and cluster.engine_ref else "$JOB_ID"
     job_dir = gpufleet_home() / "jobs" / (spec.name or "")
     return tuple(engine.dry_run(ask, job_id, [p.node_id for p in placements], job_dir))

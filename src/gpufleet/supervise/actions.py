@@ -102,7 +102,7 @@ class Effects:
             run_id=f"{run.job.name}-{action.run}", survive_env=survive,
             cluster_name=run.cluster.name, cluster_devices=run.cluster.count,
             engine_ref=run.cluster.engine_ref or "",
-            spares=clusters.spares(run.store, run.cluster)))
+            spares=clusters.spares(run.store, run.cluster), spared=spares.wanted(run.cluster) > 0))
         # who started the run: `reconcile` ends only this supervisor's leftovers, not a resumed run
         mine = run_env.identity_env(run.job.name, run.job.job_dir, os.getpid())
         env = run_env.workers_env(os.environ, prepared.env, survive, mine, spec.env,

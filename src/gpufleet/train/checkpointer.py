@@ -306,10 +306,16 @@ class Checkpointer:
         t0 = time.perf_counter()
         self._finish_pending()  # one save in flight at a time
         partial = self.dir / (files.folder_name(step) + files.PARTIAL)
-        if self.local_rank == 0:
+        if self.rank == 0:  # one remover: where the nodes share the folder (NFS, a test
+            # Slurm's nodes on one host), another node's rmtree took the folder rank 0 had just
+            # made from under its chmod (FileNotFoundError, seen on 2 Slurm nodes)
             shutil.rmtree(partial, ignore_errors=True)  # left by a crash at this same step
             ckpt_modes.make_dir(partial, self.private)
         self._barrier()
+        if self.local_world != self.world:  # more nodes: one with its own disk makes its own
+            if self.local_rank == 0 and self.rank != 0:
+                ckpt_modes.make_dir(partial, self.private)  # there already where shared
+            self._barrier()
         state = model_state(self.model, self.optimizer)
         state["trainer"] = pickle.dumps(self._trainer_state(step))
         state[f"rng/{self.rank}"] = pickle.dumps(_rng_state())
