@@ -13,6 +13,7 @@ that says why; a bad `--preload` is one line, exit 2.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -216,6 +217,42 @@ def test_a_warm_job_restarts_inside_its_running_launcher_as_a_plain_one_restarts
     assert final and final == re.findall(r"probe final loss (\S+)", plain_log)
     assert warm["status"] == plain["status"] == "succeeded"
     assert not wait_no_leftovers(fleet.home, RESTART)
+
+
+def test_an_sdk_job_restarted_three_times_ends_as_the_same_job_started_plain(
+        fleet: Fleet, tmp_path: Path) -> None:
+    """The SDK's side of the check above (train.prepare, a Checkpointer that keeps the loader's
+    and the scheduler's state): rank 1 fails in each of the first three runs, each time after
+    that run's newest checkpoint, so each run resumes further on. Restarted inside the running
+    launcher (warm) and by a new torchrun per run (plain), the job records the same loss at
+    every step, redoes the same steps with the same losses, and ends with the same weights."""
+    import torch
+
+    got: dict[str, tuple[list[tuple[int, float]], dict[str, Any]]] = {}
+    for name, flag in (("sdkwarm", "--warm"), ("sdkplain", "--no-warm")):
+        losses, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.pt"
+        done = fleet("run", "--gpu", "cpu", "--count", "2", "--name", name, "-y",
+                     "--max-restarts", "3", flag, str(WORKERS / "survive.py"), "--", "--steps",
+                     "24", "--every", "5", "--die-at", "7", "--fail-runs", "3", "--losses",
+                     str(losses), "--out", str(out), timeout=RUN_TIMEOUT)
+        log = fleet.ok("logs", name).stdout
+        assert done.returncode == 0, log[-3000:]
+        failed = [e["reason"].split("\n")[0] for e in fleet.status(name)["events"]
+                  if e["kind"] == "worker_failed"]
+        assert failed == [f"rank 1 failed (exit code 1): RuntimeError: planned failure {r} at "
+                          f"step {7 + 5 * (r - 1)}" for r in (1, 2, 3)], failed
+        assert log.count("the workers restart inside the running launcher") == \
+            (3 if flag == "--warm" else 0), log[-3000:]
+        rows = [json.loads(ln) for ln in losses.read_text().splitlines()]
+        got[flag] = ([(r["step"], r["loss"]) for r in rows], torch.load(out))
+    warm, plain = got["--warm"], got["--no-warm"]
+    by_step: dict[int, float] = {}
+    for step, loss in warm[0]:  # a step redone after a restart gives the loss it gave before
+        assert by_step.setdefault(step, loss) == loss, (step, warm[0])
+    assert sorted(by_step) == list(range(1, 25))
+    assert dict(plain[0]) == by_step
+    assert warm[1].keys() == plain[1].keys()
+    assert all(torch.equal(warm[1][k], plain[1][k]) for k in warm[1])
 
 
 def test_a_warm_job_that_runs_out_of_restarts_ends_its_waiting_launcher(fleet: Fleet) -> None:

@@ -11,7 +11,9 @@ something mid-job however slow the machine is, instead of racing the remaining s
 --hold-at STEP keeps the job's first run (GPUFLEET_RUN=1) at that step, after its checkpoint,
 until it is ended from outside: every 0.3 s an all-reduce and a report of the same step, so a
 rank stopped there silences every rank (its peer blocks in the all-reduce), as a hang does
-mid-training; later runs go on to the end.
+mid-training; later runs go on to the end. --fail-runs N makes rank --die-rank raise in each
+of the job's first N runs, at step --die-at + (run - 1) x --every (after that run's newest
+checkpoint, so every run gets further), each with its own message.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> None:
     p.add_argument("--alone-sleep", type=float, default=0.0)
     p.add_argument("--die-at", type=int, default=0)
     p.add_argument("--die-rank", type=int, default=1)
+    p.add_argument("--fail-runs", type=int, default=0)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--wait-at", type=int, default=0)
     p.add_argument("--gate", type=Path, default=None)
@@ -103,7 +106,12 @@ def main() -> None:
                                     "accum": accum, "pid": os.getpid()}) + "\n")
         train.report(step, loss=loss.item(), samples=args.batch * ctx.world_size * accum,
                      total_steps=args.steps, step_time_seconds=time.perf_counter() - t0)
-        if step == args.die_at and ctx.rank == args.die_rank and not marker.exists():
+        run = int(os.environ.get("GPUFLEET_RUN", "1"))
+        if args.fail_runs and step == args.die_at + (run - 1) * args.every and \
+                run <= args.fail_runs and ctx.rank == args.die_rank:
+            raise RuntimeError(f"planned failure {run} at step {step}")
+        if step == args.die_at and ctx.rank == args.die_rank and not marker.exists() \
+                and not args.fail_runs:
             marker.write_text(str(step))
             os.kill(os.getpid(), signal.SIGKILL)
         ckpt.step(step)
