@@ -51,6 +51,7 @@ class ToyEngine(DriverProcs):
         self.cancelled: list[str] = []
         self.lost: set[str] = set()
         self.asks: list[alloc.Ask] = []  # in the order of their refs: t1, t2, ...
+        self.busy_for_spares = False  # then an ask with spares waits in the queue for ever
         self.init_procs()
 
     # -- alloc.Allocating ------------------------------------------------------------------------
@@ -80,6 +81,8 @@ class ToyEngine(DriverProcs):
             return alloc.Pending("Quota", "Quota (waiting for the toy quota)")
         if not self.held[ref]:
             ask = self.asks[int(ref[1:]) - 1]
+            if ask.spares and self.busy_for_spares:
+                return alloc.Pending("Resources", "Resources (waiting for nodes)")
             busy = {n for nodes in self.held.values() for n in nodes} | self.lost
             free = [n for n in self.nodes if n not in busy and n not in ask.exclude]
             if len(free) < ask.nodes + ask.spares:
@@ -286,3 +289,29 @@ def test_a_new_allocation_after_a_heal_holds_the_spares_again(
         {p.node_id for p in clusters.spares(store, healed)}
     assert len(left) == 2 and not left & {own, spare}
     clusters.stop(store, "t")
+
+
+def test_a_heal_waits_only_briefly_for_the_spares_again(
+        toy: ToyEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocation with the spares again is asked first, but the job comes first: one the
+    engine keeps queued is cancelled after SPARES_WAIT_S and the job's own size is asked."""
+    monkeypatch.setattr(engine_heal, "SPARES_WAIT_S", 0.0)
+    toy.nodes.update({"n4": _node("n4")})
+    store = Store(url=f"sqlite:///{tmp_path}/s.db")
+    pool_setup.add(store, "toy", "p", None, [], None, True)
+    spec = ClusterSpec.parse(provision.with_pool(store, {
+        "name": "q", "gpu": "H100", "count": 2, "nodes": 1, "spares": 1}))
+    cluster = provision.provision(store, spec, None, say=lambda _t: None)
+    own = clusters.placements(store, cluster)[0].node_id
+    spare = clusters.spares(store, cluster)[0].node_id
+    toy.fail(spare)
+    toy.fail(own)  # no spare alive: a new allocation
+    toy.busy_for_spares = True
+    said: list[str] = []
+    healed, notes = engine_heal.reallocate(store, toy, cluster, {own}, said.append)
+    assert [(a.nodes, a.spares) for a in toy.asks] == [(1, 1), (1, 1), (1, 0)]
+    assert toy.cancelled == ["t1", "t2"]  # the old allocation, then the one still queued
+    assert not any("t2 running" in t for t in said), said
+    assert (healed.engine_ref, healed.nodes, healed.spares) == ("t3", 1, 0)
+    assert "new allocation: toy allocation t3" in notes[0], notes
+    clusters.stop(store, "q")

@@ -19,6 +19,7 @@ from gpufleet.spec import ClusterSpec
 from gpufleet.store import Cluster, Store
 
 HEAL_WAIT_S = 600.0  # how long a heal waits in the engine's queue for a new allocation
+SPARES_WAIT_S = 30.0  # ...for one that also holds the spares again: the job comes first
 
 
 def reallocate(store: Store, engine: Allocating, cluster: Cluster, lost: set[str],
@@ -55,7 +56,8 @@ def reallocate(store: Store, engine: Allocating, cluster: Cluster, lost: set[str
         try:
             got = engine_alloc.grant(engine, c.name, c.gpu, per * want, want, c.network, left,
                                      say, c.user or "", exclude=tuple(sorted(bad)),
-                                     deadline_s=wait_s, spares=extra)
+                                     deadline_s=min(wait_s, SPARES_WAIT_S) if extra else wait_s,
+                                     spares=extra)
         except AllocationError as exc:
             if i + 1 < len(shapes):
                 continue
