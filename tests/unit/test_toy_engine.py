@@ -21,7 +21,7 @@ from gpufleet.errors import AllocationError
 from gpufleet.lifecycle import clusters, engine_alloc, engine_heal, pool_setup, pools, provision
 from gpufleet.pool.model import Device, Node
 from gpufleet.spec import ClusterSpec
-from gpufleet.store import Store
+from gpufleet.store import Cluster, Store
 
 TOY = kinds.Capabilities(this_host=False, multi_node=True, elastic=False, ssh=False,
                          simulated=False, samples_devices=False, allocates=True)
@@ -267,20 +267,28 @@ def test_a_lost_node_is_replaced_by_a_spare_of_the_same_allocation(
     assert toy.held == {}
 
 
-def test_a_new_allocation_after_a_heal_holds_the_spares_again(
-        toy: ToyEngine, tmp_path: Path) -> None:
-    """A lost node with no spare alive in the allocation (the spare failed first): the new
-    allocation asks for the cluster's spares again and records them as spares."""
-    toy.nodes.update({n: _node(n) for n in ("n4", "n5")})
+def _one_node_and_its_spare_lost(toy: ToyEngine, tmp_path: Path,
+                                 name: str) -> tuple[Store, Cluster, str, str]:
+    """A 1-node cluster with 1 spare, granted by the toy; then both its node and its spare
+    fail, so no spare is alive to take the node's place. The store, the cluster and the two."""
     store = Store(url=f"sqlite:///{tmp_path}/s.db")
     pool_setup.add(store, "toy", "p", None, [], None, True)
     spec = ClusterSpec.parse(provision.with_pool(store, {
-        "name": "t", "gpu": "H100", "count": 2, "nodes": 1, "spares": 1}))
+        "name": name, "gpu": "H100", "count": 2, "nodes": 1, "spares": 1}))
     cluster = provision.provision(store, spec, None, say=lambda _t: None)
     own = clusters.placements(store, cluster)[0].node_id
     spare = clusters.spares(store, cluster)[0].node_id
     toy.fail(spare)
     toy.fail(own)
+    return store, cluster, own, spare
+
+
+def test_a_new_allocation_after_a_heal_holds_the_spares_again(
+        toy: ToyEngine, tmp_path: Path) -> None:
+    """A lost node with no spare alive in the allocation (the spare failed first): the new
+    allocation asks for the cluster's spares again and records them as spares."""
+    toy.nodes.update({n: _node(n) for n in ("n4", "n5")})
+    store, cluster, own, spare = _one_node_and_its_spare_lost(toy, tmp_path, "t")
     healed, notes = engine_heal.reallocate(store, toy, cluster, {own}, lambda _t: None)
     assert toy.cancelled == ["t1"] and "new allocation: toy allocation t2" in notes[0], notes
     assert (healed.engine_ref, healed.nodes, healed.spares, healed.billed_devices) == \
@@ -297,16 +305,8 @@ def test_a_heal_waits_only_briefly_for_the_spares_again(
     engine keeps queued is cancelled after SPARES_WAIT_S and the job's own size is asked."""
     monkeypatch.setattr(engine_heal, "SPARES_WAIT_S", 0.0)
     toy.nodes.update({"n4": _node("n4")})
-    store = Store(url=f"sqlite:///{tmp_path}/s.db")
-    pool_setup.add(store, "toy", "p", None, [], None, True)
-    spec = ClusterSpec.parse(provision.with_pool(store, {
-        "name": "q", "gpu": "H100", "count": 2, "nodes": 1, "spares": 1}))
-    cluster = provision.provision(store, spec, None, say=lambda _t: None)
-    own = clusters.placements(store, cluster)[0].node_id
-    spare = clusters.spares(store, cluster)[0].node_id
-    toy.fail(spare)
-    toy.fail(own)  # no spare alive: a new allocation
-    toy.busy_for_spares = True
+    store, cluster, own, _spare = _one_node_and_its_spare_lost(toy, tmp_path, "q")
+    toy.busy_for_spares = True  # no spare alive: a new allocation, whose spares stay queued
     said: list[str] = []
     healed, notes = engine_heal.reallocate(store, toy, cluster, {own}, said.append)
     assert [(a.nodes, a.spares) for a in toy.asks] == [(1, 1), (1, 1), (1, 0)]
