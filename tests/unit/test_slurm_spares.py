@@ -52,6 +52,11 @@ def test_the_release_step_covers_nodes_and_spares_not_lost_with_every_copy() -> 
     used = slurm_spares.release_argv(_plan([0, 1], spares=()), {"n2"}, "py")
     assert used is not None and "--nodelist=n1" in used and "--nodes=1" in used
     assert slurm_spares.release_argv({**_plan([0, 1]), "spared": False}, set(), "py") is None
+    # the last run's workdir never travelled (its sbcast failed): the earlier runs' marks go
+    untravelled = {k: v for k, v in _plan([0, 1]).items() if k != "travel"}
+    bare = slurm_spares.release_argv(untravelled, {"n2"}, "py")
+    assert bare is not None and bare[bare.index("gpufleet.backends.slurm_clean") + 1:] == [
+        "*", "train-7", "drop"]
 
 
 def test_the_driver_says_each_spares_outcome_and_one_it_did_not_hear_from(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.backends import node_workdir, slurm_travel, workdir_ship
+from gpufleet.backends import node_workdir, slurm_cmds, slurm_travel, workdir_ship
 from gpufleet.backends.node_ship import ShippingAgent
 from gpufleet.backends.node_workdir import SetupFailed
 from gpufleet.backends.shipping import Sharing
@@ -146,3 +146,19 @@ def test_the_ray_agent_places_the_tar_it_is_handed(tmp_path: Path,
     back = pickle.loads(pickle.dumps(err.value))  # as Ray carries it to the driver
     assert str(back) == "setup failed on worker1 (exit 4): no"
     assert agent.remove_workdir(packed.sel.digest, "j-1") and not agent.has_workdir(packed.sel.digest)
+
+
+def test_an_sbcast_that_missed_only_nodes_outside_the_run_is_said_not_failed() -> None:
+    argv = ["sbcast", "--jobid=2", "--force", "/j/w.tar.gz", "/tmp/w.tar.gz"]
+    dead = "sbcast: error: REQUEST_FILE_BCAST(n2): Communication connection failure\n"
+    said: list[str] = []
+    slurm_travel.judge_bcast(argv, dead, ["n1", "n3"], said.append)  # n2: lost, not in the run
+    assert len(said) == 1 and said[0].startswith("sbcast did not reach n2, not a node of this run")
+    with pytest.raises(GpufleetError, match=r"REQUEST_FILE_BCAST\(n2\): Communication"):
+        slurm_travel.judge_bcast(argv, dead, ["n1", "n2"], said.append)  # a node of the run
+    with pytest.raises(GpufleetError, match="Invalid job id"):  # no node named: nothing is known
+        slurm_travel.judge_bcast(argv, "sbcast: error: Invalid job id specified\n", ["n1"],
+                                 said.append)
+    folded = "sbcast: error: REQUEST_FILE_BCAST(gpu-[07-08]): Communication connection failure"
+    assert slurm_cmds.bcast_missed(folded) == ["gpu-07", "gpu-08"]
+    assert len(said) == 1

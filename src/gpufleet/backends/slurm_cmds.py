@@ -10,8 +10,11 @@ runs on it. Each run of a job then starts one step per node inside it (`srun --j
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from dataclasses import dataclass
+
+from gpufleet.backends.slurm_parse import hostnames
 
 JOB_PREFIX = "gpufleet-"  # every Slurm job gpufleet submits is named gpufleet-CLUSTER
 HOLD = "exec sleep infinity"
@@ -130,6 +133,19 @@ def spread_step(job_id: str, nodes: list[str], name: str, argv: list[str]) -> li
 def sbcast(job_id: str, src: str, dest: str) -> list[str]:
     """A file to node-local `dest` on every node of the allocation (Slurm's own broadcast)."""
     return ["sbcast", f"--jobid={job_id}", "--force", src, dest]
+
+
+def bcast_missed(stderr: str) -> list[str] | None:
+    """The nodes a failed `sbcast` names as not reached (`REQUEST_FILE_BCAST(n2): Communication
+    connection failure`), or None when its error names no node (then nothing is known to have
+    arrived anywhere). With `--no-kill` a node that just died stays in the allocation until
+    slurmctld marks it down, and sbcast, which sends to every node of the allocation, fails on
+    it while the others get the file (seen on the test machines: a spare took the lost node's
+    place and the new run's sbcast failed on the dead one)."""
+    names = re.findall(r"REQUEST_FILE_BCAST\(([^)]+)\)", stderr)
+    if not names:
+        return None
+    return sorted({h for name in names for h in hostnames(name)})
 
 
 def node_local(kind: str, name: str) -> str:

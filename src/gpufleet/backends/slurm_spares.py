@@ -62,10 +62,12 @@ def release_argv(plan: dict[str, Any], lost: set[str], python: str) -> list[str]
     """The step that drops the job's mark on the nodes and the spares once the job is done
     (pure); None for a cluster never launched with spares, with nothing to warm, or when the
     job keeps its workdir. It also removes what `sbcast` left on a spare whose warm step never
-    ran."""
-    travelled = plan.get("travel")
+    ran. A run whose workdir could not travel (its `travel` missing: an sbcast that failed)
+    still drops the mark an earlier run's warm step left."""
+    travelled = plan.get("travel") or {}
     spares = spare_ids(plan, lost)
-    if not plan.get("spared") or not travelled or (plan.get("workdir") or {}).get("keep"):
+    section = plan.get("workdir")
+    if not plan.get("spared") or not section or section.get("keep"):
         return None  # spared: a node of the run may be a former spare, which holds the mark
     nodes = [n["node_id"] for n in plan["nodes"] if n["node_id"] not in lost]
     files = []

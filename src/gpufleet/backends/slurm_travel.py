@@ -104,8 +104,7 @@ def ship(plan: dict[str, Any], plan_path: Path, job_id: str, env: dict[str, str]
             done = subprocess.run(argv, env=env, capture_output=True, text=True,
                                   stdin=subprocess.DEVNULL, timeout=300)
             if done.returncode != 0:
-                raise GpufleetError(f"`{cmds.line(argv)}` failed: "
-                                    f"{' '.join(done.stderr.split())[:300]}")
+                judge_bcast(argv, done.stderr, ids, say)
     except (GpufleetError, OSError, subprocess.TimeoutExpired) as exc:
         out([workdir_ship.error_line(exc)])
         return None
@@ -115,6 +114,19 @@ def ship(plan: dict[str, Any], plan_path: Path, job_id: str, env: dict[str, str]
     if sharing.ships:
         say(workdir_ship.shipped_line(packed, [nodes[i]["name"] for i in unseen]))
     return plan, node_plans
+
+
+def judge_bcast(argv: list[str], stderr: str, ids: list[str],
+                say: Callable[[str], None]) -> None:
+    """A failed `sbcast` is the run's failure unless every node it did not reach is outside
+    the run (a lost node the allocation still lists, or a spare): then it is said and the run
+    goes on, since its own nodes have the file."""
+    why = " ".join(stderr.split())[:300]
+    missed = cmds.bcast_missed(stderr)
+    if missed is None or set(missed) & set(ids):
+        raise GpufleetError(f"`{cmds.line(argv)}` failed: {why}")
+    say(f"sbcast did not reach {', '.join(missed)}, not a node of this run (a lost node "
+        f"Slurm has not marked down yet, or a spare): {why}")
 
 
 def placed(plan: dict[str, Any], index: int, out: Callable[[list[str]], None]) -> dict[str, Any]:
