@@ -32,6 +32,10 @@ CLI = [sys.executable, "-m", "gpufleet.cli"]
 DEFAULT_TIMEOUT = 120  # a cold CLI call on a machine loaded many times over; a wait, not a verdict
 CLI_EVERY_S = 5.0  # how often a wait asks the CLI even when the state file says nothing new
 ACTIVE = ("starting", "running", "restarting", "resizing")
+# how long a wait goes on once the job has ended without what it waits for: the rows written
+# after the end (events, costs) are in by then, and a `resume` has made it active again
+ENDED_GRACE_S = 60.0
+ENDED = ("succeeded", "failed", "stopped", "interrupted", "cancelled", "refused")  # job or queue
 WARM_MARK = "multiprocessing.forkserver"  # a warm job's forkserver and its forks (launch/warm.py)
 
 
@@ -183,6 +187,7 @@ class Fleet:
         deadline = time.monotonic() + timeout
         asked = time.monotonic()
         last: dict[str, Any] = {}
+        ended: float | None = None  # since when the CLI has said the job ended
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
                 out, err = proc.communicate()
@@ -195,6 +200,11 @@ class Fleet:
                     last = json.loads(r.stdout)
                     if done(last):
                         return last
+                    # a job that failed waited out the whole timeout (7 minutes of CI) before
+                    ended = (ended or time.monotonic()) if last.get("status") in ENDED else None
+                    if ended is not None and time.monotonic() - ended >= ENDED_GRACE_S:
+                        pytest.fail(f"job {job} ended ({last.get('status')}) without what this "
+                                    f"waits for: {last}")
             time.sleep(0.3)
         pytest.fail(f"job {job}: not reached in {timeout}s: {last}")
 
