@@ -200,7 +200,7 @@ class Fleet:
                     last = json.loads(r.stdout)
                     if done(last):
                         return last
-                    # a job that failed waited out the whole timeout (7 minutes of CI) before
+                    # an ended job will not get there: fail after the grace, not the timeout
                     ended = (ended or time.monotonic()) if last.get("status") in ENDED else None
                     if ended is not None and time.monotonic() - ended >= ENDED_GRACE_S:
                         pytest.fail(f"job {job} ended ({last.get('status')}) without what this "

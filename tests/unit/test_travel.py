@@ -161,4 +161,5 @@ def test_an_sbcast_that_missed_only_nodes_outside_the_run_is_said_not_failed() -
                                  said.append)
     folded = "sbcast: error: REQUEST_FILE_BCAST(gpu-[07-08]): Communication connection failure"
     assert slurm_cmds.bcast_missed(folded) == ["gpu-07", "gpu-08"]
+    assert slurm_cmds.bcast_missed(f"{dead}sbcast: error: Unable to read file\n") is None
     assert len(said) == 1

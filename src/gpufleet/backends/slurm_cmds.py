@@ -137,13 +137,15 @@ def sbcast(job_id: str, src: str, dest: str) -> list[str]:
 
 def bcast_missed(stderr: str) -> list[str] | None:
     """The nodes a failed `sbcast` names as not reached (`REQUEST_FILE_BCAST(n2): Communication
-    connection failure`), or None when its error names no node (then nothing is known to have
-    arrived anywhere). With `--no-kill` a node that just died stays in the allocation until
+    connection failure`), or None when one of its errors names no node (then nothing is known
+    to have arrived anywhere). With `--no-kill` a node that just died stays in the allocation until
     slurmctld marks it down, and sbcast, which sends to every node of the allocation, fails on
     it while the others get the file (seen on the test machines: a spare took the lost node's
     place and the new run's sbcast failed on the dead one)."""
-    names = re.findall(r"REQUEST_FILE_BCAST\(([^)]+)\)", stderr)
-    if not names:
+    errors = [row for row in stderr.splitlines() if "error:" in row]
+    names = [m.group(1) for row in errors
+             if (m := re.search(r"REQUEST_FILE_BCAST\(([^)]+)\)", row))]
+    if not names or len(names) < len(errors):
         return None
     return sorted({h for name in names for h in hostnames(name)})
 
