@@ -3,8 +3,11 @@ with torch's real TCPStore in this process and another process as a peer node's 
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from gpufleet.launch.store_peers import _socket_inodes, _tables, peers, wait_gone
 
@@ -39,3 +42,58 @@ def test_a_peer_agent_holds_the_store_until_it_ends() -> None:
         if peer.poll() is None:
             peer.kill()
             peer.wait()
+
+
+SLOW_TO_CLOSE = """
+import sys
+import time
+
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+shutdown = dynamic_rendezvous.DynamicRendezvousHandler.shutdown
+
+
+def late(self):  # a node whose agent gets to closing the rendezvous late (a loaded machine)
+    time.sleep(2)
+    return shutdown(self)
+
+
+dynamic_rendezvous.DynamicRendezvousHandler.shutdown = late
+from torch.distributed.run import main
+
+main(sys.argv[1:])
+"""
+
+
+def test_a_head_keeps_its_store_for_a_node_that_closes_the_rendezvous_late(tmp_path: Path) -> None:
+    """Two nodes' launchers on loopback: the head is gpufleet's warm launcher hosting the store,
+    the other plain torchrun whose agent closes the rendezvous 2 s after its workers ended.
+    The head's store must still serve it then (torch frees it as the launcher returns)."""
+    script = tmp_path / "done.py"
+    script.write_text("print('rank done', flush=True)\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def args(host: int) -> list[str]:
+        return ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "late",
+                "--rdzv-conf", f"is_host={host}", "--monitor-interval", "0.1", str(script)]
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    head = subprocess.Popen([sys.executable, "-m", "gpufleet.launch.warm", "--", *args(1)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    peer = subprocess.Popen([sys.executable, "-c", SLOW_TO_CLOSE, *args(0)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        peer_out, _ = peer.communicate(timeout=240)
+        head_out, _ = head.communicate(timeout=60)
+    finally:
+        for p in (head, peer):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert (head.returncode, peer.returncode) == (0, 0), (head_out[-2000:], peer_out[-2000:])
+    assert "rank done" in head_out and "rank done" in peer_out
+    assert "failed to shutdown the rendezvous" not in peer_out, peer_out[-3000:]
+    assert "still open on the rendezvous store" not in head_out, head_out[-2000:]

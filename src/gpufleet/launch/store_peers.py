@@ -5,9 +5,10 @@ ends every agent closes the rendezvous through that store (`shutdown()` in torch
 after the exit barrier). The warm launcher ends with `os._exit` (launch/warm.py: no 0.9 s
 interpreter teardown), so the head could be gone while another node was still closing: that
 node then logged "failed to shutdown the rendezvous ... RendezvousConnectionError" at the end
-of a job that had succeeded (seen 1 run in 3 on the test Slurm under load). Plain torchrun's
-slow teardown hid the same race. So the head waits, bounded, until no other process holds a
-connection to its store.
+of a job that had succeeded (seen 1 run in 3 on the test Slurm under load). So the head waits,
+bounded, until no other process holds a connection to its store; and the store must outlive
+`torchrun.main` for that (torch frees it, and its server stops, as the launcher returns:
+launch/warm.py `_store_outlives_the_run`). Plain torchrun (`--no-warm`) has the same race.
 
 Read from /proc/net/tcp{,6} and /proc/self/fd, not psutil: the launcher may run in a job's
 container image, which has Python and torch but not gpufleet's dependencies.

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpufleet.launch.store_peers import store_port, wait_gone
+from gpufleet.launch.store_peers import PEERS_GONE_S, store_port, wait_gone
 
 # torch._dynamo: torch imports it when a script makes its first optimizer (1.1-1.5 s here)
 BASE_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
@@ -96,6 +96,7 @@ def main(argv: Sequence[str]) -> None:
     _every_failure()
     _one_stop_signal()
     _closing_lets_workers_leave()
+    _store_outlives_the_run()
 
     from gpufleet.launch import warm_rank, warm_restart
 
@@ -246,6 +247,30 @@ def _closing_lets_workers_leave() -> None:
     setattr(MultiprocessContext, "_close", closing)  # noqa: B010 - a patch
 
 
+_KEPT: list[Any] = []  # the rendezvous stores this launcher hosted, alive until it ends
+
+
+def _store_outlives_the_run() -> None:
+    """torch's rendezvous store is an object of the launcher's rendezvous handler, and its
+    server (the one a head node hosts for every node's agent) stops when the object is freed,
+    as `torchrun.main` returns. Another node's agent still closing the rendezvous through it
+    then lost its connection mid-request and logged "failed to shutdown the rendezvous ...
+    RendezvousConnectionError" at the end of a job that had succeeded (seen in the suite on the
+    Ray pool; by hand, a peer's request after the head's store was freed fails with the same
+    words). Kept here, the store serves until this launcher ends, after `_ended` has waited
+    for the other agents to let go of it."""
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+
+    create = c10d.create_backend
+
+    def kept(params: Any) -> Any:
+        backend, store = create(params)
+        _KEPT.append(store)
+        return backend, store
+
+    setattr(c10d, "create_backend", kept)  # noqa: B010 - a patch
+
+
 def _ended(launcher: Callable[[], None], port: int | None) -> NoReturn:
     """Run torchrun's launcher, then end this process as Python would (its exit code, the
     traceback of what ended it) but without the interpreter's teardown: multiprocessing's
@@ -269,7 +294,11 @@ def _ended(launcher: Callable[[], None], port: int | None) -> NoReturn:
         traceback.print_exc()
         code = 1
     if port is not None and code == 0:
-        wait_gone(port)
+        left = wait_gone(port)
+        if left:
+            print(f"gpufleet: {left} connection(s) of other nodes' agents still open on the "
+                  f"rendezvous store after {PEERS_GONE_S:.0f} s; the head ends anyway",
+                  file=sys.stderr)
     import multiprocessing.util
 
     # multiprocessing's finalizers, without its join of every worker it started: the folder of
