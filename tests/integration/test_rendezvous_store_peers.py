@@ -45,6 +45,7 @@ def test_a_peer_agent_holds_the_store_until_it_ends() -> None:
 
 
 SLOW_TO_CLOSE = """
+import os
 import sys
 import time
 
@@ -62,6 +63,7 @@ dynamic_rendezvous.DynamicRendezvousHandler.shutdown = late
 from torch.distributed.run import main
 
 main(sys.argv[1:])
+os._exit(0)  # its connection to the head's store closes now, not after a teardown
 """
 
 
