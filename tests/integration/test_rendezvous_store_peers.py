@@ -4,11 +4,11 @@ with torch's real TCPStore in this process and another process as a peer node's 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from gpufleet.backends.local import free_port
 from gpufleet.launch.store_peers import _socket_inodes, _tables, peers, wait_gone
 
 PEER = """
@@ -73,9 +73,7 @@ def test_a_head_keeps_its_store_for_a_node_that_closes_the_rendezvous_late(tmp_p
     The head's store must still serve it then (torch frees it as the launcher returns)."""
     script = tmp_path / "done.py"
     script.write_text("print('rank done', flush=True)\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
 
     def args(host: int) -> list[str]:
         return ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
